@@ -1,0 +1,81 @@
+"""Parallel text: TSV reading, tokenisation and token-budget batching."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.nn import BatchLayout
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Pair:
+    ref: str
+    source: str
+    target: str
+
+
+def read_tsv(path: Path) -> list[Pair]:
+    """Rows are `ref<TAB>source<TAB>target`; a malformed row names its line."""
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for line_nr, line in enumerate(f, start=1):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != 3:
+                raise ValueError(f"{path}:{line_nr}: expected 3 tab-separated fields, got {len(fields)}")
+            pairs.append(Pair(*fields))
+    return pairs
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    source: Tensor  # (S,) with language token and EOS
+    target: Tensor  # (T,) = [EOS, lang, pieces..., EOS]
+
+
+def tokenize_pairs(
+    pairs: Sequence[Pair], tokenizer: Tokenizer, src_lang: str, tgt_lang: str
+) -> list[TokenizedPair]:
+    src_enc = tokenizer.create_encoder(lang=src_lang, mode="source")
+    tgt_enc = tokenizer.create_encoder(lang=tgt_lang, mode="target")
+    return [TokenizedPair(src_enc(p.source), tgt_enc(p.target)) for p in pairs]
+
+
+def pad(seqs: Sequence[Tensor], pad_idx: int) -> tuple[Tensor, BatchLayout]:
+    lens = [len(s) for s in seqs]
+    out = torch.full((len(seqs), max(lens)), pad_idx, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s
+    return out, BatchLayout.of(out, lens)
+
+
+def token_batches(
+    lengths: Sequence[int], max_tokens: int, seed: int | None = None
+) -> list[list[int]]:
+    """Groups indices of similar length so that rows × longest stays ≤ max_tokens.
+
+    With a seed, lengths are jittered before sorting and batch order is shuffled, so
+    every epoch sees different batches; without one the order is deterministic.
+    """
+    rng = random.Random(seed)
+    keyed = sorted(range(len(lengths)), key=lambda i: lengths[i] + (rng.random() if seed is not None else 0))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in keyed:
+        longest_if_added = max(longest, lengths[i])
+        if current and longest_if_added * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest_if_added = [], lengths[i]
+        current.append(i)
+        longest = longest_if_added
+    if current:
+        batches.append(current)
+    if seed is not None:
+        rng.shuffle(batches)
+    return batches

@@ -1,0 +1,44 @@
+"""Text in, text out: batches sentences by length for any fairseq2 Seq2SeqGenerator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
+
+from specbeam.data import pad, token_batches
+
+
+def target_prompt(tokenizer: Tokenizer, tgt_lang: str) -> torch.Tensor:
+    """NLLB's target prefix `[</s>, __lang__]`: the target encoder's output minus its EOS."""
+    return tokenizer.create_encoder(lang=tgt_lang, mode="target")("")[:-1]
+
+
+def translate_texts(
+    generator: Seq2SeqGenerator,
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    max_tokens: int = 2048,
+    on_batch: Callable[[list[int], SequenceGeneratorOutput], None] | None = None,
+) -> list[str]:
+    """Translates in length-sorted batches and returns the outputs in input order."""
+    encode = tokenizer.create_encoder(lang=src_lang, mode="source")
+    decode = tokenizer.create_decoder(skip_special_tokens=True)
+    pad_idx = tokenizer.vocab_info.pad_idx or 0
+    prompt = target_prompt(tokenizer, tgt_lang)
+    tokens = [encode(s) for s in sources]
+    outputs = [""] * len(sources)
+    for batch in token_batches([len(t) for t in tokens], max_tokens):
+        src, src_layout = pad([tokens[i] for i in batch], pad_idx)
+        prompts, prompt_layout = pad([prompt] * len(batch), pad_idx)
+        out = generator(src, src_layout, prompts, prompt_layout)
+        for i, hyps in zip(batch, out.hypotheses, strict=True):
+            outputs[i] = decode(hyps[0].seq)
+        if on_batch is not None:
+            on_batch(batch, out)
+    return outputs
