@@ -27,7 +27,9 @@ def read_tsv(path: Path) -> list[Pair]:
         for line_nr, line in enumerate(f, start=1):
             fields = line.rstrip("\n").split("\t")
             if len(fields) != 3:
-                raise ValueError(f"{path}:{line_nr}: expected 3 tab-separated fields, got {len(fields)}")
+                raise ValueError(
+                    f"{path}:{line_nr}: expected 3 tab-separated fields, got {len(fields)}"
+                )
             pairs.append(Pair(*fields))
     return pairs
 
@@ -63,7 +65,9 @@ def token_batches(
     every epoch sees different batches; without one the order is deterministic.
     """
     rng = random.Random(seed)
-    keyed = sorted(range(len(lengths)), key=lambda i: lengths[i] + (rng.random() if seed is not None else 0))
+    keyed = sorted(
+        range(len(lengths)), key=lambda i: lengths[i] + (rng.random() if seed is not None else 0)
+    )
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0

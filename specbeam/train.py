@@ -18,7 +18,6 @@ import hydra
 import sacrebleu
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
-from fairseq2.models.transformer import TransformerModel
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -68,7 +67,9 @@ class Trainer:
         train_pairs = cfg.task.split("train")
         if cfg.train_targets:
             train_pairs = read_tsv(Path(cfg.train_targets).expanduser())
-        self.train = tokenize_pairs(train_pairs, self.tokenizer, cfg.task.src_lang, cfg.task.tgt_lang)
+        self.train = tokenize_pairs(
+            train_pairs, self.tokenizer, cfg.task.src_lang, cfg.task.tgt_lang
+        )
         self.dev_pairs = cfg.task.split("dev")[: cfg.dev_sentences or None]
         self.model = build_model(cfg.arch)
         self.opt = torch.optim.AdamW(
@@ -89,9 +90,19 @@ class Trainer:
         ckpt = torch.load(last, map_location="cpu", weights_only=False)
         self.model.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["opt"])
-        self.step, self.epoch, self.batch_in_epoch = ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]
+        self.step, self.epoch, self.batch_in_epoch = (
+            ckpt["step"],
+            ckpt["epoch"],
+            ckpt["batch_in_epoch"],
+        )
         self.history, self.best_bleu = ckpt["history"], ckpt["best_bleu"]
-        log.info("resumed from %s at epoch %d batch %d (step %d)", last, self.epoch, self.batch_in_epoch, self.step)
+        log.info(
+            "resumed from %s at epoch %d batch %d (step %d)",
+            last,
+            self.epoch,
+            self.batch_in_epoch,
+            self.step,
+        )
 
     def checkpoint(self) -> None:
         atomic_save(
@@ -103,7 +114,9 @@ class Trainer:
                 "batch_in_epoch": self.batch_in_epoch,
                 "history": self.history,
                 "best_bleu": self.best_bleu,
-                "config": asdict(self.cfg) if not OmegaConf.is_config(self.cfg) else OmegaConf.to_container(self.cfg),
+                "config": asdict(self.cfg)
+                if not OmegaConf.is_config(self.cfg)
+                else OmegaConf.to_container(self.cfg),
             },
             self.out / "last.pt",
         )
@@ -118,7 +131,12 @@ class Trainer:
             group["lr"] = self.lr_at(self.step + 1)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16):
             loss = self.model(
-                src, src_layout, tgt_in, in_layout, tgt_out, label_smoothing=self.cfg.label_smoothing
+                src,
+                src_layout,
+                tgt_in,
+                in_layout,
+                tgt_out,
+                label_smoothing=self.cfg.label_smoothing,
             )
         self.opt.zero_grad(set_to_none=True)
         (loss / n_tokens).backward()
@@ -157,27 +175,39 @@ class Trainer:
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.resume()
-        log.info("model: %s parameters; %d training pairs", f"{num_parameters(self.model):,}", len(self.train))
+        log.info(
+            "model: %s parameters; %d training pairs",
+            f"{num_parameters(self.model):,}",
+            len(self.train),
+        )
         self.model.train()
         started = last_ckpt = time.monotonic()
         lengths = [len(p.source) + len(p.target) for p in self.train]
         while self.epoch < cfg.max_epochs:
             batches = token_batches(lengths, cfg.max_tokens, seed=cfg.seed + self.epoch)
-            bar = tqdm(batches[self.batch_in_epoch :], desc=f"epoch {self.epoch + 1}", mininterval=30)
+            bar = tqdm(
+                batches[self.batch_in_epoch :], desc=f"epoch {self.epoch + 1}", mininterval=30
+            )
             total_loss = total_tokens = 0.0
             epoch_started = time.monotonic()
             for indices in bar:
                 loss, n = self.train_step([self.train[i] for i in indices])
                 self.batch_in_epoch += 1
                 total_loss, total_tokens = total_loss + loss * n, total_tokens + n
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.lr_at(self.step):.2e}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{loss:.3f}", lr=f"{self.lr_at(self.step):.2e}", refresh=False
+                )
                 now = time.monotonic()
                 if now - last_ckpt > cfg.checkpoint_every_minutes * 60:
                     self.checkpoint()
                     last_ckpt = now
                 if cfg.time_budget_minutes and now - started > cfg.time_budget_minutes * 60:
                     self.checkpoint()
-                    log.info("time budget reached at epoch %d batch %d", self.epoch + 1, self.batch_in_epoch)
+                    log.info(
+                        "time budget reached at epoch %d batch %d",
+                        self.epoch + 1,
+                        self.batch_in_epoch,
+                    )
                     return
             self.end_epoch(total_loss / max(total_tokens, 1), time.monotonic() - epoch_started)
             self.checkpoint()

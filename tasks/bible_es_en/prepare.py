@@ -65,7 +65,9 @@ def ensure_modules() -> None:
     if not missing:
         return
     if shutil.which("apt-get") is None:
-        sys.exit(f"error: SWORD modules {missing} missing and no apt-get; install {DEBIAN_PACKAGES}")
+        sys.exit(
+            f"error: SWORD modules {missing} missing and no apt-get; install {DEBIAN_PACKAGES}"
+        )
     cmd = ["apt-get", "install", "-y", "-q", *DEBIAN_PACKAGES]
     if subprocess.run(cmd, check=False).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], check=False)

@@ -1,0 +1,99 @@
+"""Tiny NLLB-architecture models shared by the tests.
+
+The target is trained for a few seconds on a synthetic task with real ambiguity (each
+source token has two plausible translations, and some are doubled), so beam search
+genuinely branches; untrained models make poor oracles (near-uniform, full of ties).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from fairseq2.data.tokenizers import VocabularyInfo
+from fairseq2.models.transformer import TransformerModel
+
+from specbeam.data import pad
+from specbeam.models import ModelArch, build_model
+
+VOCAB = VocabularyInfo(size=48, unk_idx=1, bos_idx=2, eos_idx=3, pad_idx=0)
+SRC_TOKENS = range(4, 24)  # source symbols; each maps to two target symbols in 24..47
+PROMPT = torch.tensor([3])  # fairseq2's default seq2seq prompt: [EOS]
+NLLB_PROMPT = torch.tensor([3, 5])  # a two-token prefix like NLLB's [</s>, __lang__]
+
+TARGET_ARCH = ModelArch(
+    model_dim=64, num_encoder_layers=1, num_decoder_layers=2, num_attn_heads=4,
+    ffn_inner_dim=128, dropout_p=0.0, vocab_size=VOCAB.size, max_seq_len=128,
+)  # fmt: skip
+DRAFT_ARCH = ModelArch(
+    model_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=2,
+    ffn_inner_dim=64, dropout_p=0.0, vocab_size=VOCAB.size, max_seq_len=128,
+)  # fmt: skip
+
+
+def synthetic_pair(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source `s1..sn </s>`; target `[EOS] t1..tm </s>` with ambiguous choices per token."""
+    n = int(torch.randint(2, 9, (1,), generator=gen))
+    src = torch.randint(SRC_TOKENS.start, SRC_TOKENS.stop, (n,), generator=gen)
+    out = []
+    for s in src.tolist():
+        alt = torch.rand(1, generator=gen).item()
+        t = 24 + (s - 4) if alt < 0.6 else 24 + (s - 4 + 7) % 20 + 4
+        out.append(min(t, 47))
+        if torch.rand(1, generator=gen).item() < 0.25:
+            out.append(min(t, 47))
+    src = torch.cat([src, torch.tensor([3])])
+    tgt = torch.tensor([3, *out, 3])
+    return src, tgt
+
+
+def train_tiny(model: TransformerModel, steps: int, seed: int) -> TransformerModel:
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        pairs = [synthetic_pair(gen) for _ in range(32)]
+        src, src_layout = pad([p[0] for p in pairs], 0)
+        tgt, _ = pad([p[1] for p in pairs], 0)
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+        in_layout = type(src_layout).of(tgt_in, [len(p[1]) - 1 for p in pairs])
+        loss = model(src, src_layout, tgt_in, in_layout, tgt_out)
+        opt.zero_grad()
+        (loss / (tgt_out != 0).sum()).backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def vocab_info() -> VocabularyInfo:
+    return VOCAB
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> TransformerModel:
+    torch.manual_seed(0)
+    return train_tiny(build_model(TARGET_ARCH), steps=300, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> TransformerModel:
+    """A smaller, briefly trained draft: agrees with the target often, not always."""
+    torch.manual_seed(1)
+    return train_tiny(build_model(DRAFT_ARCH), steps=60, seed=1)
+
+
+@pytest.fixture(scope="session")
+def untrained_draft() -> TransformerModel:
+    torch.manual_seed(2)
+    return build_model(DRAFT_ARCH).eval()
+
+
+@pytest.fixture(scope="session")
+def copy_draft(tiny_target: TransformerModel) -> TransformerModel:
+    return copy.deepcopy(tiny_target).eval()
+
+
+def sources(seed: int, batch: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [synthetic_pair(gen)[0] for _ in range(batch)]
