@@ -17,6 +17,9 @@ from fairseq2.models.transformer import TransformerModel
 from specbeam.data import pad
 from specbeam.models import ModelArch, build_model
 
+# Tiny models gain nothing from intra-op threads, and lose a lot when the machine is busy.
+torch.set_num_threads(1)
+
 VOCAB = VocabularyInfo(size=48, unk_idx=1, bos_idx=2, eos_idx=3, pad_idx=0)
 SRC_TOKENS = range(4, 24)  # source symbols; each maps to two target symbols in 24..47
 PROMPT = torch.tensor([3])  # fairseq2's default seq2seq prompt: [EOS]

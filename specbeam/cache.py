@@ -1,0 +1,168 @@
+"""Speculative KV cache: one preallocated buffer for all decoder layers of one model.
+
+Layout, per source row s: the k live hypotheses' prefixes are interleaved position-major,
+so key index `c * k + i` holds position c of hypothesis i. Attention over the first
+`width * k` keys therefore covers every hypothesis' prefix at once (a mask picks each
+query's own), and the slots a verification or draft call appends ("speculative slots")
+follow at `width * k`. Rollback is resetting `spec_len`; commit gathers the surviving
+hypotheses' prefixes and moves each one's accepted path into its next positions.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import torch
+from fairseq2.models.transformer import AttentionState
+from torch import Tensor
+from typing_extensions import override
+
+
+@final
+class SpeculativeKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_sources: int,
+        capacity: int,
+        hyps_per_source: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.k = hyps_per_source
+        self.capacity = capacity
+        # (layers, K/V, S, C, k, H, D)
+        shape = (num_layers, 2, num_sources, capacity, hyps_per_source, num_heads, head_dim)
+        self.buf = torch.zeros(shape, device=device, dtype=dtype)
+        self.lens = torch.zeros(num_sources, dtype=torch.int64, device=device)  # cached positions
+        self.width = 0  # max(lens): where the speculative slots start, in positions
+        self.spec_len = 0  # speculative slots written since the last commit
+        self.peak_bytes = self.nbytes()
+
+    def nbytes(self) -> int:
+        return self.buf.numel() * self.buf.element_size()
+
+    def flat(self) -> Tensor:
+        """(layers, 2, S, C * k, H, D) view: key index = position * k + hypothesis."""
+        return self.buf.flatten(3, 4)
+
+    def layer_state(self, layer: int) -> SpeculativeSelfAttentionState:
+        return SpeculativeSelfAttentionState(self, layer)
+
+    def prefix_keys(self) -> int:
+        return self.width * self.k
+
+    def advance(self, num_slots: int) -> None:
+        self.spec_len += num_slots
+        if self.prefix_keys() + self.spec_len > self.capacity * self.k:
+            raise RuntimeError("speculative KV cache overflow: capacity was sized too small")
+
+    def commit(self, origin: Tensor, keep: Tensor) -> None:
+        """Keeps, for new hypothesis i of source s, the prefix of old hypothesis
+        `origin[s, i]` followed by the speculative slots `keep[s, i]` (in slot order).
+
+        origin: (S, k) long. keep: (S, k, spec_len) bool; every hypothesis of a source
+        keeps the same number of slots (they advanced the same number of steps).
+        """
+        flat, width, k = self.flat(), self.width, self.k
+        s_idx, i_idx, slot = keep.nonzero(as_tuple=True)
+        # (layers, 2, n, H, D): read the accepted slots before anything is overwritten.
+        accepted = flat[:, :, s_idx, width * k + slot]
+        identity = torch.arange(k, device=origin.device).expand_as(origin)
+        if width > 0 and not torch.equal(origin, identity):
+            prefix = self.buf[:, :, :, :width]
+            index = origin[None, None, :, None, :, None, None].expand_as(prefix)
+            prefix.copy_(prefix.gather(4, index))
+        kept = keep.sum(-1)  # (S, k)
+        # Rank of each kept slot within its hypothesis = its offset after the prefix.
+        rank = keep.long().cumsum(-1)[s_idx, i_idx, slot] - 1
+        self.buf[:, :, s_idx, self.lens[s_idx] + rank, i_idx] = accepted
+        self.lens = self.lens + kept[:, 0]
+        self.width = int(self.lens.max()) if len(self.lens) else 0
+        self.spec_len = 0
+
+    def select_sources(self, keep: Tensor) -> None:
+        """Drops finished sources; `keep` (S',) indexes the surviving rows."""
+        self.buf = self.buf.index_select(2, keep)
+        self.lens = self.lens.index_select(0, keep)
+        self.width = int(self.lens.max()) if len(self.lens) else 0
+
+    def bytes_held(self) -> int:
+        """Bytes of keys/values that are live (prefixes), not the reserved capacity."""
+        per_position = self.buf[:, :, 0, 0].numel() * self.buf.element_size()
+        return int(self.lens.sum()) * per_position
+
+
+@final
+class SpeculativeSelfAttentionState(AttentionState):
+    """A decoder self-attention layer's view of the shared speculative cache."""
+
+    def __init__(self, cache: SpeculativeKVCache, layer: int) -> None:
+        self._cache = cache
+        self._layer = layer
+        self._new = 0
+
+    @override
+    def append(self, k: Tensor, v: Tensor) -> None:
+        # k, v: (S, T, H, D), the new slots of this call
+        cache = self._cache
+        start = cache.prefix_keys() + cache.spec_len
+        self._new = k.size(1)
+        flat = cache.flat()
+        flat[self._layer, 0, :, start : start + self._new] = k
+        flat[self._layer, 1, :, start : start + self._new] = v
+
+    @override
+    def get(self) -> tuple[Tensor, Tensor]:
+        cache = self._cache
+        end = cache.prefix_keys() + cache.spec_len + self._new
+        flat = cache.flat()
+        return flat[self._layer, 0, :, :end], flat[self._layer, 1, :, :end]
+
+    @override
+    def reorder(self, new_order: Tensor) -> None:
+        raise NotImplementedError("the speculative cache is reordered through commit()")
+
+    @override
+    def size_bytes(self) -> int:
+        return self._cache.bytes_held() // self._cache.buf.size(0)
+
+    @override
+    def capacity_bytes(self) -> int:
+        return self._cache.nbytes() // self._cache.buf.size(0)
+
+
+@final
+class CrossAttentionState(AttentionState):
+    """Encoder-decoder keys/values, one row per source.
+
+    fairseq2's `StaticAttentionState.reorder` skips permutations that keep the batch
+    size, which would leave cross-attention keys of the wrong source; this one does not.
+    """
+
+    def __init__(self, k: Tensor, v: Tensor) -> None:
+        self._k, self._v = k, v
+
+    @override
+    def append(self, k: Tensor, v: Tensor) -> None:
+        raise RuntimeError("cross-attention keys are static")
+
+    @override
+    def get(self) -> tuple[Tensor, Tensor]:
+        return self._k, self._v
+
+    @override
+    def reorder(self, new_order: Tensor) -> None:
+        self._k = self._k.index_select(0, new_order)
+        self._v = self._v.index_select(0, new_order)
+
+    @override
+    def size_bytes(self) -> int:
+        return self.capacity_bytes()
+
+    @override
+    def capacity_bytes(self) -> int:
+        return 2 * self._k.numel() * self._k.element_size()

@@ -1,0 +1,205 @@
+"""Runs a fairseq2 encoder-decoder over trees of new tokens, one source per batch row.
+
+Nothing in fairseq2 is patched: the decoder's self-attention layers get a `TorchSDPA`
+whose `AttentionBias` returns our tree mask, their incremental states are our
+speculative cache views, and decoder inputs are embedded with explicit positions
+(fairseq2's position encoder assumes `step_nr + arange`, wrong for tree depth and for
+rows of different lengths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import final
+
+import torch
+from fairseq2.error import NotSupportedError
+from fairseq2.models.transformer import (
+    AttentionBias,
+    TorchSDPA,
+    TransformerEmbeddingFrontend,
+    TransformerModel,
+)
+from fairseq2.nn import BatchLayout, IncrementalStateBag, SinusoidalPositionEncoder
+from torch import Tensor
+from typing_extensions import override
+
+from specbeam.cache import CrossAttentionState, SpeculativeKVCache
+
+
+@final
+class TreeBias(AttentionBias):
+    """Hands the current call's additive mask (S, 1, T, keys) to SDPA."""
+
+    def __init__(self) -> None:
+        self.tensor: Tensor | None = None
+
+    @override
+    def create_bias_tensor(self, q_len: int, k_len: int, device, dtype) -> Tensor:  # noqa: ANN001
+        if self.tensor is None or self.tensor.shape[-2:] != (q_len, k_len):
+            raise RuntimeError("tree bias was not prepared for this decoder call")
+        return self.tensor.to(dtype)
+
+
+@final
+class SlotTable:
+    """The speculative slots of one model in one round, and who may attend to whom.
+
+    A slot is one new token of one source: a link of a hypothesis' pending chain (its
+    last token, the root, is the chain's end) or a drafted tree node. `visible[s, a, b]`
+    says slot b is an ancestor-or-self of slot a; slots are added in dependency order.
+    """
+
+    def __init__(self, num_sources: int, max_slots: int, device: torch.device) -> None:
+        shape = (num_sources, max_slots)
+        self.tokens = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.hyp = torch.zeros(shape, dtype=torch.int64, device=device)  # prefix it extends
+        self.valid = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.visible = torch.zeros((num_sources, max_slots, max_slots), dtype=torch.bool, device=device)
+        self.size = 0
+
+    def add_chains(self, tokens: Tensor, lengths: Tensor, start_positions: Tensor) -> Tensor:
+        """Adds each hypothesis' pending tokens as a chain, right-aligned so that every
+        root lands in the chain's last slot.
+
+        tokens: (S, n, c) right-aligned; lengths: (S,) valid links per chain (the same
+        for every hypothesis of a source); start_positions: (S,) position of the first
+        valid link. Returns the root slots, (S, n).
+        """
+        num_sources, n, c = tokens.shape
+        device = tokens.device
+        begin = self.size
+        link = torch.arange(c, device=device)
+        valid = link[None, :] >= (c - lengths)[:, None]  # (S, c)
+        slots = slice(begin, begin + n * c)
+        self.tokens[:, slots] = tokens.flatten(1)
+        self.positions[:, slots] = (start_positions[:, None] + link - (c - lengths)[:, None]).repeat(1, n)
+        self.hyp[:, slots] = torch.arange(n, device=device).repeat_interleave(c)
+        self.valid[:, slots] = valid.repeat(1, n)
+        # A link sees the valid links of its own chain up to itself.
+        chain = (link[:, None] >= link[None, :]) & valid[:, None, :]  # (S, c, c)
+        block = torch.block_diag(*[torch.ones(c, c, dtype=torch.bool, device=device)] * n)
+        eye = torch.eye(n * c, dtype=torch.bool, device=device)  # padding sees itself: no NaN
+        self.visible[:, slots, slots] = (block & chain.repeat(1, n, n)) | eye
+        self.size += n * c
+        return begin + torch.arange(n, device=device).mul(c).add(c - 1).expand(num_sources, n)
+
+    def add_nodes(self, tokens: Tensor, parents: Tensor, valid: Tensor) -> Tensor:
+        """Adds one block of children; parents are slot indices. Returns their slots."""
+        num_sources, w = tokens.shape
+        begin, rows = self.size, torch.arange(num_sources, device=tokens.device)[:, None]
+        slots = torch.arange(begin, begin + w, device=tokens.device)
+        self.tokens[:, slots] = tokens
+        self.positions[:, slots] = self.positions[rows, parents] + 1
+        self.hyp[:, slots] = self.hyp[rows, parents]
+        self.valid[:, slots] = valid & self.valid[rows, parents]
+        self.visible[:, slots] = self.visible[rows, parents]
+        self.visible[:, slots, slots] = True
+        self.size += w
+        return slots.expand(num_sources, w)
+
+    def query(self, begin: int, end: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Tokens, positions, hypotheses and visibility (over slots < end) of slots [begin, end)."""
+        s = slice(begin, end)
+        return self.tokens[:, s], self.positions[:, s], self.hyp[:, s], self.visible[:, s, :end]
+
+
+@final
+class TreeDecoder:
+    """One model's decoder with a speculative cache, over S sources with k hypotheses each."""
+
+    def __init__(
+        self,
+        model: TransformerModel,
+        source_seqs: Tensor,
+        source_layout: BatchLayout,
+        *,
+        hyps_per_source: int,
+        capacity: int,
+    ) -> None:
+        frontend = model.decoder_frontend
+        if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
+            frontend.pos_encoder, SinusoidalPositionEncoder
+        ):
+            raise NotSupportedError(
+                "specbeam needs a decoder front-end with token embeddings and sinusoidal positions"
+            )
+        self.model = model
+        self.dtype = dtype = next(model.parameters()).dtype
+        self.bias = TreeBias()
+        self.num_positions = frontend.pos_encoder.max_seq_len
+        encoded, layout = model.encoder_frontend(source_seqs, source_layout)
+        self.encoder_output = model.encoder(encoded, layout)
+        self.encoder_seq_lens = list(source_layout.seq_lens)
+        layers = list(model.decoder.layers)
+        attn = layers[0].self_attn
+        self.cache = SpeculativeKVCache(
+            len(layers), source_seqs.size(0), capacity, hyps_per_source,
+            attn.num_key_value_heads, attn.head_dim, device=source_seqs.device, dtype=dtype,
+        )  # fmt: skip
+        self.state_bag = IncrementalStateBag(capacity)
+        for i, layer in enumerate(layers):
+            self.state_bag.set_state(layer.self_attn, self.cache.layer_state(i))
+            self.state_bag.set_state(layer.encoder_decoder_attn, self._cross_state(layer))
+
+    def _cross_state(self, layer: torch.nn.Module) -> CrossAttentionState:
+        attn = layer.encoder_decoder_attn
+        if attn.k_norm is not None or attn.v_norm is not None or attn.pos_encoder is not None:
+            raise NotSupportedError("cross-attention with key norms or positions is not supported")
+        enc = self.encoder_output
+        k = attn.k_proj(enc).unflatten(-1, (-1, attn.head_dim))
+        v = attn.v_proj(enc).unflatten(-1, (-1, attn.head_dim))
+        return CrossAttentionState(k, v)
+
+    @contextmanager
+    def tree_attention(self) -> Iterator[None]:
+        """Installs the tree mask in the decoder's self-attention for the duration."""
+        layers = list(self.model.decoder.layers)
+        saved = [layer.self_attn.sdpa for layer in layers]
+        try:
+            for layer in layers:
+                layer.self_attn.sdpa = TorchSDPA(self.bias)
+            yield
+        finally:
+            for layer, sdpa in zip(layers, saved, strict=True):
+                layer.self_attn.sdpa = sdpa
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """fairseq2's embedding front-end, with explicit positions."""
+        frontend = self.model.decoder_frontend
+        x = frontend.embed(tokens)
+        if frontend.scale != 1.0:
+            x = x * frontend.scale
+        freqs = frontend.pos_encoder.freqs[1 + positions.clamp(max=self.num_positions - 1)]
+        return (x.float() + freqs).to(self.dtype)
+
+    def forward(self, tokens: Tensor, positions: Tensor, hyp: Tensor, visible: Tensor) -> Tensor:
+        """Decodes T new slots per source; returns their logits (S, T, V).
+
+        tokens, positions, hyp: (S, T); visible: (S, T, spec_len + T) over the slots
+        already in the cache after the last commit, then these.
+        """
+        cache = self.cache
+        width, k = cache.width, cache.k
+        cached = torch.arange(width, device=tokens.device)[None, :] < cache.lens[:, None]  # (S, W)
+        own = hyp[:, :, None] == torch.arange(k, device=tokens.device)  # (S, T, k)
+        prefix = cached[:, None, :, None] & own[:, :, None, :]  # (S, T, W, k)
+        mask = torch.cat([prefix.flatten(2), visible], dim=2)
+        bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
+        self.bias.tensor = bias.masked_fill_(~mask, -torch.inf)[:, None]
+        x = self.embed(tokens, positions)
+        enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
+        out = self.model.decoder(x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag)
+        cache.advance(tokens.size(1))
+        self.bias.tensor = None
+        return self.model.final_proj(out)
+
+    def select_sources(self, keep: Tensor) -> None:
+        self.cache.select_sources(keep)
+        self.encoder_output = self.encoder_output.index_select(0, keep)
+        self.encoder_seq_lens = [self.encoder_seq_lens[i] for i in keep.tolist()]
+        for layer in self.model.decoder.layers:
+            state = self.state_bag.maybe_get_state(layer.encoder_decoder_attn, CrossAttentionState)
+            state.reorder(keep)
