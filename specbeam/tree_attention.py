@@ -129,6 +129,7 @@ class TreeDecoder:
         self.model = model
         self.dtype = dtype = next(model.parameters()).dtype
         self.bias = TreeBias()
+        self._tree_sdpas = [TorchSDPA(self.bias) for _ in model.decoder.layers]
         self.num_positions = frontend.pos_encoder.max_seq_len
         encoded, layout = model.encoder_frontend(source_seqs, source_layout)
         self.encoder_output = model.encoder(encoded, layout)
@@ -154,13 +155,14 @@ class TreeDecoder:
         return CrossAttentionState(k, v)
 
     @contextmanager
-    def tree_attention(self) -> Iterator[None]:
-        """Installs the tree mask in the decoder's self-attention for the duration."""
-        layers = list(self.model.decoder.layers)
+    def _tree_attention(self) -> Iterator[None]:
+        """Installs the tree mask in the decoder's self-attention for one call, so the
+        model is untouched between calls (and may even serve as its own draft)."""
+        layers = self.model.decoder.layers
         saved = [layer.self_attn.sdpa for layer in layers]
         try:
-            for layer in layers:
-                layer.self_attn.sdpa = TorchSDPA(self.bias)
+            for layer, sdpa in zip(layers, self._tree_sdpas, strict=True):
+                layer.self_attn.sdpa = sdpa
             yield
         finally:
             for layer, sdpa in zip(layers, saved, strict=True):
@@ -191,7 +193,8 @@ class TreeDecoder:
         self.bias.tensor = bias.masked_fill_(~mask, -torch.inf)[:, None]
         x = self.embed(tokens, positions)
         enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
-        out = self.model.decoder(x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag)
+        with self._tree_attention():
+            out = self.model.decoder(x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag)
         cache.advance(tokens.size(1))
         self.bias.tensor = None
         return self.model.final_proj(out)

@@ -49,7 +49,7 @@ def test_tree_logprobs_match_full_passes(tiny_target, seed: int) -> None:
     k, srcs = 3, sources(seed=10 + seed, batch=2)
     src, layout = pad(srcs, 0)
     dec = TreeDecoder(tiny_target, src, layout, hyps_per_source=k, capacity=64)
-    with torch.inference_mode(), dec.tree_attention():
+    with torch.inference_mode():
         # Round 1: a 3-token prompt chain on hypothesis 0 and a random tree; commit one
         # path per new hypothesis, from different tree nodes.
         table = SlotTable(2, 3 + 8, src.device)
@@ -87,7 +87,7 @@ def test_round_one_matches_full_passes(tiny_target) -> None:
     table = SlotTable(3, 1 + 10, src.device)
     roots = table.add_chains(torch.full((3, 1, 1), 3), torch.ones(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
     random_tree(table, roots, gen, depth=5, width=2)
-    with torch.inference_mode(), dec.tree_attention():
+    with torch.inference_mode():
         logits = dec.forward(*table.query(0, table.size))
     for s, rows in enumerate(paths(table, [[[], []]] * 3)):
         for a, path in enumerate(rows):

@@ -1,0 +1,137 @@
+"""Exact acceptance: replay fairseq2's beam search on the verified log-probs.
+
+Step j ranks the extensions of the current hypotheses exactly as
+`StandardBeamSearchAlgorithm` does (top 2k cumulative scores, EOS only within the top
+k, the first k non-EOS continue). When every continuing hypothesis is a node of the
+draft tree, the target's next log-probs for it were verified in the same pass and step
+j + 1 follows; otherwise the source stops after step j. So each pass advances every
+source by 1 to D + 1 steps, and the result is plain beam search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+import torch
+from fairseq2.generation import Hypothesis
+from torch import Tensor
+
+from specbeam.beam import BeamState, HypothesisFactory
+from specbeam.rules import ScoringRules
+from specbeam.tree import DraftTree
+from specbeam.verify import Verification
+
+
+@dataclass
+class Acceptance:
+    origin: Tensor  # (S, k) live hypothesis (before the pass) each new one extends
+    node: Tensor  # (S, k) deepest tree node on its path (-1: none, only the root)
+    roots: Tensor  # (S, k) each new hypothesis' last token: the next pass's root
+    steps: Tensor  # (S,) beam-search steps advanced
+    accepted: Tensor  # (S,) drafted tokens the beam passed through
+    done: Tensor  # (S,) the source has its k finished hypotheses
+
+
+@final
+class ExactBeamAcceptor:
+    def __init__(self, rules: ScoringRules, beam_size: int, finish: HypothesisFactory) -> None:
+        self.rules = rules
+        self.k = beam_size
+        self.finish = finish
+
+    def score_prompt(self, state: BeamState, verification: Verification, prompt: Tensor) -> None:
+        """fairseq2's prefill: cumulative log-probs of the prompts (S, P), temperature only."""
+        p = prompt.size(1)
+        if p < 2:
+            return
+        chain = verification.chain_slots[:, 0, :-1]  # (S, p - 1)
+        logits = verification.logits.gather(1, chain[..., None].expand(-1, -1, verification.logits.size(-1)))
+        lprobs = self.rules.log_probs(logits)
+        prompt_scores = lprobs.gather(2, prompt[:, 1:, None]).squeeze(-1)
+        state.step_scores[:, :, 1:p] = prompt_scores.cumsum(-1)[:, None]
+        state.scores = state.step_scores[:, :1, p - 1].clone()
+
+    def accept(
+        self, state: BeamState, verification: Verification, tree: DraftTree, output: list[list[Hypothesis]]
+    ) -> Acceptance:
+        k, width, logits = self.k, tree.width, verification.logits
+        num_sources, vocab = logits.size(0), logits.size(-1)
+        n = state.n
+        origin = torch.arange(n).expand(num_sources, n)
+        node = torch.full((num_sources, n), -1)
+        slot = verification.root_slots
+        scores, seqs, step_scores = state.scores, state.seqs[:, :n], state.step_scores[:, :n]
+        active = torch.ones(num_sources, dtype=torch.bool)
+        done = torch.zeros(num_sources, dtype=torch.bool)
+        steps = torch.zeros(num_sources, dtype=torch.int64)
+        accepted = torch.zeros(num_sources, dtype=torch.int64)
+        final = (torch.zeros((num_sources, k), dtype=torch.int64), torch.full((num_sources, k), -1), torch.zeros((num_sources, k), dtype=torch.int64))  # fmt: skip
+        rows = torch.arange(num_sources)[:, None]
+        for j in range(tree.depth + 1):
+            step_nr = state.step_nr + j
+            lprobs = self.rules.log_probs(logits[rows, slot])  # (S, n, V)
+            self.rules.apply(lprobs, step_nr, seqs)
+            top, index = (scores[..., None] + lprobs).flatten(1).topk(min(2 * k, lprobs[0].numel()))
+            parent, token = index // vocab, index % vocab
+            is_eos = token == self.rules.eos_idx
+            finishing = is_eos[:, :k] & active[:, None]
+            if finishing.any():
+                self._finish(finishing, parent, top, seqs, step_scores, step_nr, state.source_ids, output, done)
+            keep = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :k]
+            parent, token, top = parent.gather(1, keep), token.gather(1, keep), top.gather(1, keep)
+            new_seqs, new_step_scores = seqs[rows, parent], step_scores[rows, parent]
+            at = step_nr[:, None, None].expand(-1, k, 1)
+            new_seqs.scatter_(2, at, token[..., None])
+            new_step_scores.scatter_(2, at, top[..., None])
+            origin, parent_node = origin.gather(1, parent), node.gather(1, parent)
+            # Is every new hypothesis a node at tree level j (so its log-probs are verified)?
+            if j < tree.depth:
+                key = origin if j == 0 else parent_node - (j - 1) * width
+                match = (tree.parents[:, j, None, :] == key[..., None]) & (tree.tokens[:, j, None, :] == token[..., None])
+                match &= tree.valid[:, j, None, :]
+                go_on = active & ~done & match.any(-1).all(-1)
+                child = j * width + match.int().argmax(-1)
+            else:
+                go_on = torch.zeros_like(active)
+                child = parent_node
+            stop = active & ~go_on & ~done
+            final[0][stop], final[1][stop], final[2][stop] = origin[stop], parent_node[stop], token[stop]
+            steps += active
+            accepted += go_on * k
+            update = active[:, None]
+            scores = torch.where(update, top, scores)
+            seqs = torch.where(update[..., None], new_seqs, seqs)
+            step_scores = torch.where(update[..., None], new_step_scores, step_scores)
+            node = torch.where(go_on[:, None], child, parent_node)
+            slot = verification.slot_of(origin, node)
+            active = go_on
+            if not active.any():
+                break
+        state.seqs, state.step_scores, state.scores = seqs, step_scores, scores
+        state.step_nr = state.step_nr + steps
+        state.n = k
+        return Acceptance(*final, steps=steps, accepted=accepted, done=done)
+
+    def _finish(
+        self,
+        finishing: Tensor,
+        parent: Tensor,
+        top: Tensor,
+        seqs: Tensor,
+        step_scores: Tensor,
+        step_nr: Tensor,
+        source_ids: Tensor,
+        output: list[list[Hypothesis]],
+        done: Tensor,
+    ) -> None:
+        """Moves the EOS candidates in the top k to the output, in rank order, until a
+        source has k hypotheses (then it is done, as in fairseq2)."""
+        for s, rank in finishing.nonzero().tolist():
+            if done[s]:
+                continue
+            hyp, t = int(parent[s, rank]), int(step_nr[s])
+            hyps = output[int(source_ids[s])]
+            hyps.append(self.finish(seqs[s, hyp], step_scores[s, hyp], top[s, rank], t))
+            if len(hyps) == self.k:
+                done[s] = True

@@ -1,0 +1,241 @@
+"""Exact speculative beam search as a fairseq2 `Seq2SeqGenerator`.
+
+One loop (DESIGN.md §3): the draft proposes a tree below every live hypothesis, the
+target verifies all trees in one call, exact acceptance replays beam search on the
+verified log-probs, and both caches keep the accepted paths.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import final
+
+import torch
+from fairseq2.data.tokenizers import VocabularyInfo
+from fairseq2.error import NotSupportedError
+from fairseq2.generation import (
+    GenerationCounters,
+    Seq2SeqGenerator,
+    SequenceGeneratorOutput,
+    StepHook,
+)
+from fairseq2.generation.beam_search import BeamSearchAlgorithm, StandardBeamSearchAlgorithm
+from fairseq2.generation.step_processor import StepProcessor
+from fairseq2.models.seq2seq import Seq2SeqModel
+from fairseq2.nn import BatchLayout
+from torch import Tensor
+from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
+
+from specbeam.accept import ExactBeamAcceptor
+from specbeam.beam import BeamState, HypothesisFactory
+from specbeam.draft import Drafter, DraftStrategy
+from specbeam.rules import ScoringRules
+from specbeam.stats import SpecStats
+from specbeam.tree_attention import TreeDecoder
+from specbeam.verify import Verifier
+
+
+@dataclass
+class SpeculativeGeneratorOutput(SequenceGeneratorOutput):
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+@final
+class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
+    """fairseq2's `BeamSearchSeq2SeqGenerator` plus a draft model; same output.
+
+    `prefill_chunk_size` and `decode_capacity_increment` are accepted for drop-in
+    compatibility: the prompt is decoded in the first verification pass, and the caches
+    are preallocated once per call.
+    """
+
+    def __init__(
+        self,
+        model: Seq2SeqModel,
+        draft_model: Seq2SeqModel,
+        target_vocab_info: VocabularyInfo,
+        algo: BeamSearchAlgorithm | None = None,
+        *,
+        beam_size: int = 5,
+        min_gen_len: int = 1,
+        max_gen_len: tuple[float, int] = (1.0, 128),
+        max_seq_len: int | None = None,
+        echo_prompt: bool = False,
+        normalize_scores: bool = True,
+        temperature: float = 1.0,
+        unk_penalty: float = 0.0,
+        len_penalty: float = 1.0,
+        prefill_chunk_size: int | None = 512,
+        decode_capacity_increment: int | None = 16,
+        step_processors: Sequence[StepProcessor] | None = None,
+        gamma: int = 4,
+        draft_strategy: DraftStrategy = "beam",
+        draft_width: int | None = None,
+    ) -> None:
+        if target_vocab_info.eos_idx is None:
+            raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
+        if algo is not None and not isinstance(algo, StandardBeamSearchAlgorithm):
+            raise NotSupportedError("only fairseq2's StandardBeamSearchAlgorithm can be replayed exactly")
+        if beam_size < 1:
+            raise ValueError(f"`beam_size` must be ≥ 1, but is {beam_size}.")
+        if min_gen_len < 1:
+            raise ValueError(f"`min_gen_len` must be ≥ 1, but is {min_gen_len}.")
+        if gamma < 1:
+            raise ValueError(f"`gamma` (draft depth) must be ≥ 1, but is {gamma}.")
+        if draft_strategy not in ("beam", "linear"):
+            raise ValueError(f"`draft_strategy` must be 'beam' or 'linear', but is '{draft_strategy}'.")
+        width = beam_size if draft_width is None else draft_width
+        if width < beam_size and draft_strategy == "beam":
+            raise ValueError(f"`draft_width` must be ≥ beam_size ({beam_size}), but is {width}.")
+        model.eval()
+        draft_model.eval()
+        self._model = model
+        self._draft_model = draft_model
+        self._vocab_info = target_vocab_info
+        self._beam_size = beam_size
+        self._min_gen_len = min_gen_len
+        self._max_gen_len = max_gen_len
+        limit = model.max_target_seq_len
+        self._max_seq_len = limit if max_seq_len is None else min(max_seq_len, limit)
+        self._echo_prompt = echo_prompt
+        self._normalize_scores = normalize_scores
+        self._temperature = temperature
+        self._unk_penalty = unk_penalty
+        self._len_penalty = len_penalty
+        self._step_processors = list(step_processors or [])
+        self._gamma = gamma
+        self._draft_strategy: DraftStrategy = draft_strategy
+        self._draft_width = width
+
+    @property
+    @override
+    def model(self) -> Seq2SeqModel:
+        return self._model
+
+    @property
+    def draft_model(self) -> Seq2SeqModel:
+        return self._draft_model
+
+    @override
+    def register_step_hook(self, hook: StepHook) -> RemovableHandle:
+        raise NotSupportedError("step hooks observe one step at a time; a speculative pass advances several")
+
+    @torch.inference_mode()
+    @override
+    def __call__(
+        self,
+        source_seqs: Tensor,
+        source_seqs_layout: BatchLayout,
+        prompt_seqs: Tensor,
+        prompt_seqs_layout: BatchLayout,
+    ) -> SpeculativeGeneratorOutput:
+        if source_seqs_layout.packed or prompt_seqs_layout.packed:
+            raise ValueError("`source_seqs` and `prompt_seqs` must not be packed batches.")
+        prompt_len = prompt_seqs_layout.max_seq_len
+        if prompt_seqs_layout.min_seq_len != prompt_len:
+            raise NotSupportedError("prompts of different lengths in one batch are not supported yet")
+        if prompt_len >= self._max_seq_len:
+            raise ValueError(f"prompt length must be < max_seq_len ({self._max_seq_len}), is {prompt_len}")
+        a, b = self._max_gen_len
+        max_gen_len = int(a * max(source_seqs_layout.seq_lens) + b)
+        if max_gen_len < 1:
+            raise ValueError(f"`max_gen_len` must be ≥ 1, but is {max_gen_len}. Adjust `max_gen_len`.")
+        if self._min_gen_len > max_gen_len:
+            raise ValueError(f"`min_gen_len` must be ≤ max_gen_len ({max_gen_len}), is {self._min_gen_len}.")
+        max_seq_len = min(self._max_seq_len, prompt_len + max_gen_len)
+        min_seq_len = min(max_seq_len, prompt_len + self._min_gen_len)
+        return _Op(self, source_seqs, source_seqs_layout, prompt_seqs[:, :prompt_len], min_seq_len, max_seq_len)()
+
+
+class _Op:
+    """One generation call's state and loop."""
+
+    def __init__(
+        self,
+        gen: SpeculativeBeamSearchSeq2SeqGenerator,
+        source_seqs: Tensor,
+        source_layout: BatchLayout,
+        prompts: Tensor,
+        min_seq_len: int,
+        max_seq_len: int,
+    ) -> None:
+        vocab, k, gamma = gen._vocab_info, gen._beam_size, gen._gamma
+        num_sources, prompt_len = prompts.shape
+        width = k if gen._draft_strategy == "linear" else gen._draft_width
+        self.rules = ScoringRules(
+            eos_idx=int(vocab.eos_idx),  # type: ignore[arg-type]
+            pad_idx=vocab.pad_idx,
+            unk_idx=vocab.unk_idx,
+            unk_penalty=gen._unk_penalty,
+            temperature=gen._temperature,
+            min_seq_len=min_seq_len,
+            max_seq_len=max_seq_len,
+            step_processors=gen._step_processors,
+        )
+        # Room for the longest sequence plus one pass's speculative slots.
+        spec_slots = k * max(prompt_len, 2) + gamma * width
+        capacity = max_seq_len + -(-spec_slots // k) + 1
+        target = TreeDecoder(gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity)
+        draft = TreeDecoder(gen.draft_model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity)
+        self.verifier = Verifier(target)
+        self.drafter = Drafter(
+            draft, self.rules, prompts[:, None, :], strategy=gen._draft_strategy, depth=gamma, width=width
+        )
+        finish = HypothesisFactory(
+            int(vocab.eos_idx), prompt_len, gen._echo_prompt, gen._normalize_scores, gen._len_penalty  # type: ignore[arg-type]
+        )
+        self.acceptor = ExactBeamAcceptor(self.rules, k, finish)
+        self.state = BeamState.start(prompts, k, max_seq_len)
+        self.prompts = prompts
+        self.output: list[list] = [[] for _ in range(num_sources)]
+        self.stats = SpecStats()
+
+    def __call__(self) -> SpeculativeGeneratorOutput:
+        started = time.perf_counter()
+        state, stats = self.state, self.stats
+        chains = self.prompts[:, None, :]
+        chain_len = torch.full((len(chains),), chains.size(-1), dtype=torch.int64)
+        first = True
+        while len(state.step_nr) > 0:
+            with stats.timed("draft"):
+                tree = self.drafter.propose(state.scores, state.n)
+            with stats.timed("verify"):
+                verification = self.verifier.verify(chains, chain_len, tree)
+            with stats.timed("accept"):
+                if first:
+                    self.acceptor.score_prompt(state, verification, self.prompts)
+                    first = False
+                acceptance = self.acceptor.accept(state, verification, tree, self.output)
+                self.verifier.commit(verification, acceptance.origin, acceptance.node)
+                self.drafter.commit(acceptance.origin, acceptance.node, acceptance.roots, tree)
+            stats.record_pass(acceptance.steps, tree.num_nodes(), acceptance.accepted)
+            self._track_cache_peaks()
+            chains = acceptance.roots[..., None]
+            chain_len = torch.ones(len(chains), dtype=torch.int64)
+            if acceptance.done.any():
+                keep = (~acceptance.done).nonzero().squeeze(1)
+                state.select_sources(keep)
+                self.verifier.decoder.select_sources(keep)
+                self.drafter.select_sources(keep)
+                chains = chains.index_select(0, keep)
+                chain_len = chain_len.index_select(0, keep)
+        stats.draft_passes = self.drafter.passes
+        for hyps in self.output:
+            hyps.sort(key=lambda h: h.score, reverse=True)  # stable, as in fairseq2
+        counters = GenerationCounters(
+            prefill_size=self.prompts.numel(),
+            num_generated_elements=stats.steps * self.acceptor.k,
+            generation_time=time.perf_counter() - started,
+            cache_size=stats.peak_target_cache_bytes,
+            cache_capacity=self.verifier.decoder.cache.nbytes(),
+        )
+        return SpeculativeGeneratorOutput(self.output, counters, stats)
+
+    def _track_cache_peaks(self) -> None:
+        stats = self.stats
+        stats.peak_target_cache_bytes = max(stats.peak_target_cache_bytes, self.verifier.decoder.cache.nbytes())
+        stats.peak_draft_cache_bytes = max(stats.peak_draft_cache_bytes, self.drafter.decoder.cache.nbytes())
+

@@ -1,0 +1,54 @@
+"""Verification: one target decoder call over every source's roots and draft tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+import torch
+from torch import Tensor
+
+from specbeam.tree import DraftTree
+from specbeam.tree_attention import SlotTable, TreeDecoder
+
+
+@dataclass
+class Verification:
+    table: SlotTable
+    chain_slots: Tensor  # (S, n, c) slots of each hypothesis' pending chain, root last
+    node_slots: Tensor  # (S, D, w)
+    logits: Tensor  # (S, T, V), T = n * c + D * w
+
+    @property
+    def root_slots(self) -> Tensor:
+        return self.chain_slots[..., -1]
+
+    def slot_of(self, origin: Tensor, node: Tensor) -> Tensor:
+        """Slot of tree node `node` (an id; -1: the root of hypothesis `origin`)."""
+        nodes = self.node_slots.flatten(1)
+        own_root = self.root_slots.gather(1, origin)
+        return torch.where(node < 0, own_root, nodes.gather(1, node.clamp(min=0)))
+
+
+@final
+class Verifier:
+    def __init__(self, decoder: TreeDecoder) -> None:
+        self.decoder = decoder
+        self.passes = 0
+
+    def verify(self, chains: Tensor, chain_len: Tensor, tree: DraftTree) -> Verification:
+        """chains: (S, n, c) pending tokens per hypothesis (the root last)."""
+        num_sources, n, c = chains.shape
+        table = SlotTable(num_sources, n * c + tree.depth * tree.width, chains.device)
+        roots = table.add_chains(chains, chain_len, self.decoder.cache.lens)
+        chain_slots = roots[..., None] - torch.arange(c - 1, -1, -1)
+        node_slots = tree.add_to(table, roots)
+        logits = self.decoder.forward(*table.query(0, table.size))
+        self.passes += 1
+        return Verification(table, chain_slots, node_slots, logits)
+
+    def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
+        table = verification.table
+        slot = verification.slot_of(origin, node)
+        rows = torch.arange(slot.size(0))[:, None]
+        self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])
