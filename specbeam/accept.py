@@ -46,14 +46,20 @@ class ExactBeamAcceptor:
         if p < 2:
             return
         chain = verification.chain_slots[:, 0, :-1]  # (S, p - 1)
-        logits = verification.logits.gather(1, chain[..., None].expand(-1, -1, verification.logits.size(-1)))
+        logits = verification.logits.gather(
+            1, chain[..., None].expand(-1, -1, verification.logits.size(-1))
+        )
         lprobs = self.rules.log_probs(logits)
         prompt_scores = lprobs.gather(2, prompt[:, 1:, None]).squeeze(-1)
         state.step_scores[:, :, 1:p] = prompt_scores.cumsum(-1)[:, None]
         state.scores = state.step_scores[:, :1, p - 1].clone()
 
     def accept(
-        self, state: BeamState, verification: Verification, tree: DraftTree, output: list[list[Hypothesis]]
+        self,
+        state: BeamState,
+        verification: Verification,
+        tree: DraftTree,
+        output: list[list[Hypothesis]],
     ) -> Acceptance:
         k, width, logits = self.k, tree.width, verification.logits
         num_sources, vocab = logits.size(0), logits.size(-1)
@@ -77,18 +83,31 @@ class ExactBeamAcceptor:
             is_eos = token == self.rules.eos_idx
             finishing = is_eos[:, :k] & active[:, None]
             if finishing.any():
-                self._finish(finishing, parent, top, seqs, step_scores, step_nr, state.source_ids, output, done)
+                self._finish(
+                    finishing,
+                    parent,
+                    top,
+                    seqs,
+                    step_scores,
+                    step_nr,
+                    state.source_ids,
+                    output,
+                    done,
+                )
             keep = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :k]
             parent, token, top = parent.gather(1, keep), token.gather(1, keep), top.gather(1, keep)
             new_seqs, new_step_scores = seqs[rows, parent], step_scores[rows, parent]
-            at = step_nr[:, None, None].expand(-1, k, 1)
+            # Sources that stopped earlier in this pass may run past the end; discarded below.
+            at = step_nr.clamp(max=seqs.size(-1) - 1)[:, None, None].expand(-1, k, 1)
             new_seqs.scatter_(2, at, token[..., None])
             new_step_scores.scatter_(2, at, top[..., None])
             origin, parent_node = origin.gather(1, parent), node.gather(1, parent)
             # Is every new hypothesis a node at tree level j (so its log-probs are verified)?
             if j < tree.depth:
                 key = origin if j == 0 else parent_node - (j - 1) * width
-                match = (tree.parents[:, j, None, :] == key[..., None]) & (tree.tokens[:, j, None, :] == token[..., None])
+                match = (tree.parents[:, j, None, :] == key[..., None]) & (
+                    tree.tokens[:, j, None, :] == token[..., None]
+                )
                 match &= tree.valid[:, j, None, :]
                 go_on = active & ~done & match.any(-1).all(-1)
                 child = j * width + match.int().argmax(-1)
@@ -96,7 +115,11 @@ class ExactBeamAcceptor:
                 go_on = torch.zeros_like(active)
                 child = parent_node
             stop = active & ~go_on & ~done
-            final[0][stop], final[1][stop], final[2][stop] = origin[stop], parent_node[stop], token[stop]
+            final[0][stop], final[1][stop], final[2][stop] = (
+                origin[stop],
+                parent_node[stop],
+                token[stop],
+            )
             steps += active
             accepted += go_on * k
             update = active[:, None]

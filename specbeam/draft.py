@@ -93,10 +93,18 @@ class Drafter:
         """origin, node, roots: (S, k), see `Acceptance`. The draft has decoded every
         tree level but the deepest; a path ending there leaves that node pending."""
         assert self.table is not None and self.root_slots is not None
-        table, width, chain = self.table, tree.width, self.root_slots.size(1) * self.pending.size(-1)
+        table, width, chain = (
+            self.table,
+            tree.width,
+            self.root_slots.size(1) * self.pending.size(-1),
+        )
         deepest = node >= (self.depth - 1) * width
         last = torch.where(deepest, _parent_id(tree, node), node)
-        slot = torch.where(last < 0, self.root_slots.gather(1, origin.clamp(max=self.root_slots.size(1) - 1)), chain + last)
+        slot = torch.where(
+            last < 0,
+            self.root_slots.gather(1, origin.clamp(max=self.root_slots.size(1) - 1)),
+            chain + last,
+        )
         rows = torch.arange(slot.size(0))[:, None]
         self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])
         pending_node = tree.tokens.flatten(1).gather(1, node.clamp(min=0))

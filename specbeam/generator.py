@@ -78,7 +78,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
         if algo is not None and not isinstance(algo, StandardBeamSearchAlgorithm):
-            raise NotSupportedError("only fairseq2's StandardBeamSearchAlgorithm can be replayed exactly")
+            raise NotSupportedError(
+                "only fairseq2's StandardBeamSearchAlgorithm can be replayed exactly"
+            )
         if beam_size < 1:
             raise ValueError(f"`beam_size` must be ≥ 1, but is {beam_size}.")
         if min_gen_len < 1:
@@ -86,7 +88,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         if gamma < 1:
             raise ValueError(f"`gamma` (draft depth) must be ≥ 1, but is {gamma}.")
         if draft_strategy not in ("beam", "linear"):
-            raise ValueError(f"`draft_strategy` must be 'beam' or 'linear', but is '{draft_strategy}'.")
+            raise ValueError(
+                f"`draft_strategy` must be 'beam' or 'linear', but is '{draft_strategy}'."
+            )
         width = beam_size if draft_width is None else draft_width
         if width < beam_size and draft_strategy == "beam":
             raise ValueError(f"`draft_width` must be ≥ beam_size ({beam_size}), but is {width}.")
@@ -121,7 +125,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
 
     @override
     def register_step_hook(self, hook: StepHook) -> RemovableHandle:
-        raise NotSupportedError("step hooks observe one step at a time; a speculative pass advances several")
+        raise NotSupportedError(
+            "step hooks observe one step at a time; a speculative pass advances several"
+        )
 
     @torch.inference_mode()
     @override
@@ -136,18 +142,33 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             raise ValueError("`source_seqs` and `prompt_seqs` must not be packed batches.")
         prompt_len = prompt_seqs_layout.max_seq_len
         if prompt_seqs_layout.min_seq_len != prompt_len:
-            raise NotSupportedError("prompts of different lengths in one batch are not supported yet")
+            raise NotSupportedError(
+                "prompts of different lengths in one batch are not supported yet"
+            )
         if prompt_len >= self._max_seq_len:
-            raise ValueError(f"prompt length must be < max_seq_len ({self._max_seq_len}), is {prompt_len}")
+            raise ValueError(
+                f"prompt length must be < max_seq_len ({self._max_seq_len}), is {prompt_len}"
+            )
         a, b = self._max_gen_len
         max_gen_len = int(a * max(source_seqs_layout.seq_lens) + b)
         if max_gen_len < 1:
-            raise ValueError(f"`max_gen_len` must be ≥ 1, but is {max_gen_len}. Adjust `max_gen_len`.")
+            raise ValueError(
+                f"`max_gen_len` must be ≥ 1, but is {max_gen_len}. Adjust `max_gen_len`."
+            )
         if self._min_gen_len > max_gen_len:
-            raise ValueError(f"`min_gen_len` must be ≤ max_gen_len ({max_gen_len}), is {self._min_gen_len}.")
+            raise ValueError(
+                f"`min_gen_len` must be ≤ max_gen_len ({max_gen_len}), is {self._min_gen_len}."
+            )
         max_seq_len = min(self._max_seq_len, prompt_len + max_gen_len)
         min_seq_len = min(max_seq_len, prompt_len + self._min_gen_len)
-        return _Op(self, source_seqs, source_seqs_layout, prompt_seqs[:, :prompt_len], min_seq_len, max_seq_len)()
+        return _Op(
+            self,
+            source_seqs,
+            source_seqs_layout,
+            prompt_seqs[:, :prompt_len],
+            min_seq_len,
+            max_seq_len,
+        )()
 
 
 class _Op:
@@ -178,14 +199,27 @@ class _Op:
         # Room for the longest sequence plus one pass's speculative slots.
         spec_slots = k * max(prompt_len, 2) + gamma * width
         capacity = max_seq_len + -(-spec_slots // k) + 1
-        target = TreeDecoder(gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity)
-        draft = TreeDecoder(gen.draft_model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity)
+        target = TreeDecoder(
+            gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity
+        )
+        draft = TreeDecoder(
+            gen.draft_model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity
+        )
         self.verifier = Verifier(target)
         self.drafter = Drafter(
-            draft, self.rules, prompts[:, None, :], strategy=gen._draft_strategy, depth=gamma, width=width
+            draft,
+            self.rules,
+            prompts[:, None, :],
+            strategy=gen._draft_strategy,
+            depth=gamma,
+            width=width,
         )
         finish = HypothesisFactory(
-            int(vocab.eos_idx), prompt_len, gen._echo_prompt, gen._normalize_scores, gen._len_penalty  # type: ignore[arg-type]
+            int(vocab.eos_idx),
+            prompt_len,
+            gen._echo_prompt,
+            gen._normalize_scores,
+            gen._len_penalty,  # type: ignore[arg-type]
         )
         self.acceptor = ExactBeamAcceptor(self.rules, k, finish)
         self.state = BeamState.start(prompts, k, max_seq_len)
@@ -236,6 +270,9 @@ class _Op:
 
     def _track_cache_peaks(self) -> None:
         stats = self.stats
-        stats.peak_target_cache_bytes = max(stats.peak_target_cache_bytes, self.verifier.decoder.cache.nbytes())
-        stats.peak_draft_cache_bytes = max(stats.peak_draft_cache_bytes, self.drafter.decoder.cache.nbytes())
-
+        stats.peak_target_cache_bytes = max(
+            stats.peak_target_cache_bytes, self.verifier.decoder.cache.nbytes()
+        )
+        stats.peak_draft_cache_bytes = max(
+            stats.peak_draft_cache_bytes, self.drafter.decoder.cache.nbytes()
+        )

@@ -22,7 +22,9 @@ class SpecStats:
     tau_histogram: Counter[int] = field(default_factory=Counter)
     peak_target_cache_bytes: int = 0
     peak_draft_cache_bytes: int = 0
-    seconds: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "verify": 0.0, "accept": 0.0})
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"draft": 0.0, "verify": 0.0, "accept": 0.0}
+    )
 
     @property
     def tau(self) -> float:
@@ -49,10 +51,19 @@ class SpecStats:
         self.tau_histogram.update(steps.tolist())
 
     def merge(self, other: SpecStats) -> None:
-        for name in ("target_passes", "draft_passes", "source_passes", "steps", "drafted_tokens", "accepted_tokens"):
+        for name in (
+            "target_passes",
+            "draft_passes",
+            "source_passes",
+            "steps",
+            "drafted_tokens",
+            "accepted_tokens",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.tau_histogram.update(other.tau_histogram)
-        self.peak_target_cache_bytes = max(self.peak_target_cache_bytes, other.peak_target_cache_bytes)
+        self.peak_target_cache_bytes = max(
+            self.peak_target_cache_bytes, other.peak_target_cache_bytes
+        )
         self.peak_draft_cache_bytes = max(self.peak_draft_cache_bytes, other.peak_draft_cache_bytes)
         for phase, seconds in other.seconds.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds

@@ -44,4 +44,3 @@ class DraftTree:
 
     def num_nodes(self) -> Tensor:
         return self.valid.flatten(1).sum(1)
-

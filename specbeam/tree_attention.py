@@ -57,7 +57,9 @@ class SlotTable:
         self.positions = torch.zeros(shape, dtype=torch.int64, device=device)
         self.hyp = torch.zeros(shape, dtype=torch.int64, device=device)  # prefix it extends
         self.valid = torch.zeros(shape, dtype=torch.bool, device=device)
-        self.visible = torch.zeros((num_sources, max_slots, max_slots), dtype=torch.bool, device=device)
+        self.visible = torch.zeros(
+            (num_sources, max_slots, max_slots), dtype=torch.bool, device=device
+        )
         self.size = 0
 
     def add_chains(self, tokens: Tensor, lengths: Tensor, start_positions: Tensor) -> Tensor:
@@ -75,7 +77,9 @@ class SlotTable:
         valid = link[None, :] >= (c - lengths)[:, None]  # (S, c)
         slots = slice(begin, begin + n * c)
         self.tokens[:, slots] = tokens.flatten(1)
-        self.positions[:, slots] = (start_positions[:, None] + link - (c - lengths)[:, None]).repeat(1, n)
+        self.positions[:, slots] = (
+            start_positions[:, None] + link - (c - lengths)[:, None]
+        ).repeat(1, n)
         self.hyp[:, slots] = torch.arange(n, device=device).repeat_interleave(c)
         self.valid[:, slots] = valid.repeat(1, n)
         # A link sees the valid links of its own chain up to itself.
@@ -194,7 +198,9 @@ class TreeDecoder:
         x = self.embed(tokens, positions)
         enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
         with self._tree_attention():
-            out = self.model.decoder(x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag)
+            out = self.model.decoder(
+                x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag
+            )
         cache.advance(tokens.size(1))
         self.bias.tensor = None
         return self.model.final_proj(out)

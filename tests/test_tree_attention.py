@@ -20,7 +20,9 @@ def full_pass_lprobs(model, src: torch.Tensor, path: list[int]) -> torch.Tensor:
     return log_softmax(logits[0, -1], dim=-1)
 
 
-def random_tree(table: SlotTable, roots: torch.Tensor, gen: torch.Generator, depth: int, width: int):
+def random_tree(
+    table: SlotTable, roots: torch.Tensor, gen: torch.Generator, depth: int, width: int
+):
     """Adds `depth` blocks of `width` nodes, each child of a random slot of the previous block."""
     num_sources = roots.size(0)
     parents_pool = roots
@@ -28,7 +30,9 @@ def random_tree(table: SlotTable, roots: torch.Tensor, gen: torch.Generator, dep
         pick = torch.randint(0, parents_pool.size(1), (num_sources, width), generator=gen)
         parents = parents_pool.gather(1, pick)
         tokens = torch.randint(4, 48, (num_sources, width), generator=gen)
-        parents_pool = table.add_nodes(tokens, parents, torch.ones(num_sources, width, dtype=torch.bool))
+        parents_pool = table.add_nodes(
+            tokens, parents, torch.ones(num_sources, width, dtype=torch.bool)
+        )
 
 
 def paths(table: SlotTable, prefixes: list[list[list[int]]]) -> list[list[list[int]]]:
@@ -85,7 +89,11 @@ def test_round_one_matches_full_passes(tiny_target) -> None:
     src, layout = pad(srcs, 0)
     dec = TreeDecoder(tiny_target, src, layout, hyps_per_source=2, capacity=32)
     table = SlotTable(3, 1 + 10, src.device)
-    roots = table.add_chains(torch.full((3, 1, 1), 3), torch.ones(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
+    roots = table.add_chains(
+        torch.full((3, 1, 1), 3),
+        torch.ones(3, dtype=torch.int64),
+        torch.zeros(3, dtype=torch.int64),
+    )
     random_tree(table, roots, gen, depth=5, width=2)
     with torch.inference_mode():
         logits = dec.forward(*table.query(0, table.size))
