@@ -225,7 +225,9 @@ class _Op:
         self.state = BeamState.start(prompts, k, max_seq_len)
         self.prompts = prompts
         self.output: list[list] = [[] for _ in range(num_sources)]
-        self.stats = SpecStats()
+        self.stats = SpecStats(
+            passes_per_source=[0] * num_sources, steps_per_source=[0] * num_sources
+        )
 
     def __call__(self) -> SpeculativeGeneratorOutput:
         started = time.perf_counter()
@@ -245,7 +247,9 @@ class _Op:
                 acceptance = self.acceptor.accept(state, verification, tree, self.output)
                 self.verifier.commit(verification, acceptance.origin, acceptance.node)
                 self.drafter.commit(acceptance.origin, acceptance.node, acceptance.roots, tree)
-            stats.record_pass(acceptance.steps, tree.num_nodes(), acceptance.accepted)
+            stats.record_pass(
+                state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
+            )
             self._track_cache_peaks()
             chains = acceptance.roots[..., None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)

@@ -67,3 +67,57 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32) -> TransformerMod
     model = build_model(ModelArch(**ckpt["arch"]))
     model.load_state_dict({k: v.to(dtype) for k, v in ckpt["model"].items()})
     return model.to(dtype).eval()
+
+
+@dataclass(kw_only=True)
+class ModelPairConfig:
+    """A target and its draft, by checkpoint path (relative to the repository), or
+    "random" for untrained models of `random_arch` sizes (pipeline checks only)."""
+
+    name: str = "bible_es_en"
+    target: str = "tasks/bible_es_en/models/target.pt"
+    draft: str | None = "tasks/bible_es_en/models/draft.pt"
+    random_target_arch: ModelArch | None = None
+    random_draft_arch: ModelArch | None = None
+
+
+def load_pair(
+    cfg: ModelPairConfig, root: Path, vocab_size: int, draft_dtype: torch.dtype = torch.float32
+) -> tuple[TransformerModel, TransformerModel | None]:
+    target = _load_one(cfg.target, cfg.random_target_arch, root, vocab_size, seed=0)
+    draft = None
+    if cfg.draft is not None:
+        draft = _load_one(cfg.draft, cfg.random_draft_arch, root, vocab_size, seed=1).to(
+            draft_dtype
+        )
+        check_same_vocabulary(target, draft)
+    return target, draft
+
+
+def _load_one(
+    spec: str, arch: ModelArch | None, root: Path, vocab_size: int, seed: int
+) -> TransformerModel:
+    if spec == "random":
+        if arch is None:
+            raise ValueError("model: 'random' needs random_target_arch / random_draft_arch")
+        torch.manual_seed(seed)
+        arch = ModelArch(**{**asdict(arch), "vocab_size": vocab_size})
+        return build_model(arch).eval()
+    path = Path(spec).expanduser()
+    path = path if path.is_absolute() else root / path
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model checkpoint not found: {path} (tasks/bible_es_en/README.md says how to build "
+            "the embedded pair; model=tiny_random runs the pipeline with untrained models)"
+        )
+    return load_model(path)
+
+
+def check_same_vocabulary(target: TransformerModel, draft: TransformerModel) -> None:
+    t, d = target.final_proj.output_dim, draft.final_proj.output_dim
+    if t != d:
+        raise ValueError(f"draft vocabulary ({d} entries) differs from the target's ({t} entries)")
+    if target.pad_idx != draft.pad_idx:
+        raise ValueError(
+            f"draft pad index {draft.pad_idx} differs from the target's {target.pad_idx}"
+        )

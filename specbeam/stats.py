@@ -25,6 +25,8 @@ class SpecStats:
     seconds: dict[str, float] = field(
         default_factory=lambda: {"draft": 0.0, "verify": 0.0, "accept": 0.0}
     )
+    passes_per_source: list[int] = field(default_factory=list)  # by the caller's batch index
+    steps_per_source: list[int] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -41,8 +43,13 @@ class SpecStats:
         yield
         self.seconds[phase] += time.perf_counter() - started
 
-    def record_pass(self, steps: Tensor, drafted: Tensor, accepted: Tensor) -> None:
+    def record_pass(
+        self, source_ids: Tensor, steps: Tensor, drafted: Tensor, accepted: Tensor
+    ) -> None:
         """Per-source tensors (S,) of one verification pass."""
+        for i, n in zip(source_ids.tolist(), steps.tolist(), strict=True):
+            self.passes_per_source[i] += 1
+            self.steps_per_source[i] += n
         self.target_passes += 1
         self.source_passes += len(steps)
         self.steps += int(steps.sum())

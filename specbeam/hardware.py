@@ -1,0 +1,37 @@
+"""Hardware settings: device, threads, precision of drafting, batch size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(kw_only=True)
+class HardwareConfig:
+    name: str = "cpu"
+    device: str = "cpu"
+    threads: int = 2
+    draft_dtype: str = "float32"
+    """Precision of the draft model; exactness does not depend on it (verification is fp32)."""
+    batch_tokens: int = 1024
+    """Padded source tokens per batch (sentences are grouped by length)."""
+
+    def apply(self) -> None:
+        if self.device != "cpu":
+            raise ValueError(f"hardware.device={self.device} is not supported yet: allowed: cpu")
+        if self.threads < 1:
+            raise ValueError(f"hardware.threads={self.threads} is invalid: must be ≥ 1")
+        if self.draft_dtype not in _DTYPES:
+            raise ValueError(
+                f"hardware.draft_dtype={self.draft_dtype} is invalid: allowed: {', '.join(_DTYPES)}"
+            )
+        if self.batch_tokens < 1:
+            raise ValueError(f"hardware.batch_tokens={self.batch_tokens} is invalid: must be ≥ 1")
+        torch.set_num_threads(self.threads)
+
+    @property
+    def draft_torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.draft_dtype]
