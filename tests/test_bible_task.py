@@ -1,0 +1,50 @@
+"""The embedded task: data preparation from the Debian modules, committed splits, tokenizer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from specbeam.data import read_tsv
+from specbeam.task import TaskConfig
+
+REPO = Path(__file__).resolve().parents[1]
+PREPARE = REPO / "tasks" / "bible_es_en" / "prepare.py"
+
+
+def test_prepare_two_short_books_reproduces_committed_test_rows(tmp_path) -> None:
+    """Needs `sword-text-sparv` and `sword-text-kjv` (scripts/setup.sh installs them)."""
+    result = subprocess.run(
+        [sys.executable, str(PREPARE), "--books", "Ruth,Jude", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = read_tsv(tmp_path / "test.tsv")
+    assert len(rows) == 85 + 25  # every verse of Ruth and Jude aligns
+    committed = {p.ref: p for p in TaskConfig().split("test")}
+    for row in rows:
+        assert committed[row.ref] == row
+    ruth_1_1 = next(r for r in rows if r.ref == "Ruth 1:1")
+    assert ruth_1_1.source.startswith("Y aconteció en los días")  # RV1909's "Y ACONTECIÓ" fixed
+    assert "<" not in ruth_1_1.source + ruth_1_1.target
+    assert (tmp_path / "train.tsv").read_text() == ""
+
+
+def test_committed_splits_are_disjoint_by_book() -> None:
+    task = TaskConfig()
+    books = {name: {p.ref.rsplit(" ", 1)[0] for p in task.split(name)} for name in ("dev", "test")}
+    assert not books["dev"] & books["test"]
+    assert 1400 <= len(task.split("test")) <= 1600
+    assert 950 <= len(task.split("dev")) <= 1100
+
+
+def test_tokenizer_has_fairseq2_special_indices() -> None:
+    tokenizer = TaskConfig().load_tokenizer()
+    info = tokenizer.vocab_info
+    assert (info.size, info.pad_idx, info.unk_idx, info.bos_idx, info.eos_idx) == (8000, 0, 1, 2, 3)
+    encoder = tokenizer.create_encoder(lang="spa_Latn", mode="source")
+    tokens = encoder("En el principio crió Dios los cielos y la tierra.")
+    assert int(tokens[-1]) == info.eos_idx and int(tokens[0]) > 7990  # __spa_Latn__ first
+    decoded = tokenizer.create_decoder(skip_special_tokens=True)(tokens)
+    assert decoded == "En el principio crió Dios los cielos y la tierra."
