@@ -46,10 +46,7 @@ class ExactBeamAcceptor:
         if p < 2:
             return
         chain = verification.chain_slots[:, 0, :-1]  # (S, p - 1)
-        logits = verification.logits.gather(
-            1, chain[..., None].expand(-1, -1, verification.logits.size(-1))
-        )
-        lprobs = self.rules.log_probs(logits)
+        lprobs = self.rules.log_probs(verification.logits_at(chain))
         prompt_scores = lprobs.gather(2, prompt[:, 1:, None]).squeeze(-1)
         state.step_scores[:, :, 1:p] = prompt_scores.cumsum(-1)[:, None]
         state.scores = state.step_scores[:, :1, p - 1].clone()
@@ -61,8 +58,8 @@ class ExactBeamAcceptor:
         tree: DraftTree,
         output: list[list[Hypothesis]],
     ) -> Acceptance:
-        k, width, logits = self.k, tree.width, verification.logits
-        num_sources, vocab = logits.size(0), logits.size(-1)
+        k, width = self.k, tree.width
+        num_sources = verification.hidden.size(0)
         n = state.n
         origin = torch.arange(n).expand(num_sources, n)
         node = torch.full((num_sources, n), -1)
@@ -76,7 +73,8 @@ class ExactBeamAcceptor:
         rows = torch.arange(num_sources)[:, None]
         for j in range(tree.depth + 1):
             step_nr = state.step_nr + j
-            lprobs = self.rules.log_probs(logits[rows, slot])  # (S, n, V)
+            lprobs = self.rules.log_probs(verification.logits_at(slot))  # (S, n, V)
+            vocab = lprobs.size(-1)
             self.rules.apply(lprobs, step_nr, seqs)
             top, index = (scores[..., None] + lprobs).flatten(1).topk(min(2 * k, lprobs[0].numel()))
             parent, token = index // vocab, index % vocab

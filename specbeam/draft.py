@@ -58,8 +58,8 @@ class Drafter:
         width = n if self.strategy == "linear" else self.width
         table = SlotTable(num_sources, n * c + (depth - 1) * width, scores.device)
         roots = table.add_chains(self.pending[:, :n], self.pending_len, dec.cache.lens)
-        logits = dec.forward(*table.query(0, table.size))
-        logits = logits.gather(1, roots[..., None].expand(-1, -1, logits.size(-1)))
+        hidden = dec.forward(*table.query(0, table.size))
+        logits = dec.logits(hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1))))
         tokens, parents, valid = [], [], []
         parent_slots, cum = roots, scores
         for d in range(depth):
@@ -74,7 +74,7 @@ class Drafter:
             if d + 1 < depth:
                 begin = table.size
                 parent_slots = table.add_nodes(token, parent_slots.gather(1, parent), valid[-1])
-                logits = dec.forward(*table.query(begin, table.size))
+                logits = dec.logits(dec.forward(*table.query(begin, table.size)))
                 cum = score
         self.table, self.root_slots = table, roots
         self.passes += depth

@@ -182,7 +182,7 @@ class TreeDecoder:
         return (x.float() + freqs).to(self.dtype)
 
     def forward(self, tokens: Tensor, positions: Tensor, hyp: Tensor, visible: Tensor) -> Tensor:
-        """Decodes T new slots per source; returns their logits (S, T, V).
+        """Decodes T new slots per source; returns their decoder outputs (S, T, M).
 
         tokens, positions, hyp: (S, T); visible: (S, T, spec_len + T) over the slots
         already in the cache after the last commit, then these.
@@ -203,7 +203,11 @@ class TreeDecoder:
             )
         cache.advance(tokens.size(1))
         self.bias.tensor = None
-        return self.model.final_proj(out)
+        return out
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Projects decoder outputs (..., M) to vocabulary logits (..., V)."""
+        return self.model.final_proj(hidden)
 
     def select_sources(self, keep: Tensor) -> None:
         self.cache.select_sources(keep)

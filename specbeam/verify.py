@@ -17,11 +17,18 @@ class Verification:
     table: SlotTable
     chain_slots: Tensor  # (S, n, c) slots of each hypothesis' pending chain, root last
     node_slots: Tensor  # (S, D, w)
-    logits: Tensor  # (S, T, V), T = n * c + D * w
+    hidden: Tensor  # (S, T, M) decoder outputs, T = n * c + D * w
+    decoder: TreeDecoder
 
     @property
     def root_slots(self) -> Tensor:
         return self.chain_slots[..., -1]
+
+    def logits_at(self, slots: Tensor) -> Tensor:
+        """Logits (S, m, V) of slots (S, m). Projecting only the slots the replay
+        visits saves the vocabulary projection of every rejected node."""
+        rows = torch.arange(slots.size(0))[:, None]
+        return self.decoder.logits(self.hidden[rows, slots])
 
     def slot_of(self, origin: Tensor, node: Tensor) -> Tensor:
         """Slot of tree node `node` (an id; -1: the root of hypothesis `origin`)."""
@@ -43,9 +50,9 @@ class Verifier:
         roots = table.add_chains(chains, chain_len, self.decoder.cache.lens)
         chain_slots = roots[..., None] - torch.arange(c - 1, -1, -1)
         node_slots = tree.add_to(table, roots)
-        logits = self.decoder.forward(*table.query(0, table.size))
+        hidden = self.decoder.forward(*table.query(0, table.size))
         self.passes += 1
-        return Verification(table, chain_slots, node_slots, logits)
+        return Verification(table, chain_slots, node_slots, hidden, self.decoder)
 
     def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
         table = verification.table

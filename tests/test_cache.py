@@ -125,7 +125,7 @@ def test_rollback_then_redecode_equals_fresh_pass(tiny_target) -> None:
         dec.cache.commit(torch.zeros((2, 1), dtype=torch.int64), keep)
         table = SlotTable(2, 1, src.device)
         table.add_chains(torch.tensor([[[31]], [[34]]]), torch.tensor([1, 1]), dec.cache.lens)
-        logits = dec.forward(*table.query(0, 1))
+        logits = dec.logits(dec.forward(*table.query(0, 1)))
     for s, path in enumerate([[3, 9, 30, 31], [3, 12, 33, 34]]):
         assert torch.allclose(
             log_softmax(logits[s, 0], -1), full_pass_lprobs(tiny_target, srcs[s], path), atol=1e-5

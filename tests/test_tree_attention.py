@@ -74,7 +74,7 @@ def test_tree_logprobs_match_full_passes(tiny_target, seed: int) -> None:
         last = torch.randint(4, 48, (2, k, 1), generator=gen)
         roots = table.add_chains(last, torch.ones(2, dtype=torch.int64), dec.cache.lens)
         random_tree(table, roots, gen, depth=3, width=4)
-        logits = dec.forward(*table.query(0, table.size))
+        logits = dec.logits(dec.forward(*table.query(0, table.size)))
         expected_paths = paths(table, prefixes)
     for s in range(2):
         for a in range(table.size):
@@ -96,7 +96,7 @@ def test_round_one_matches_full_passes(tiny_target) -> None:
     )
     random_tree(table, roots, gen, depth=5, width=2)
     with torch.inference_mode():
-        logits = dec.forward(*table.query(0, table.size))
+        logits = dec.logits(dec.forward(*table.query(0, table.size)))
     for s, rows in enumerate(paths(table, [[[], []]] * 3)):
         for a, path in enumerate(rows):
             want = full_pass_lprobs(tiny_target, srcs[s], path)
