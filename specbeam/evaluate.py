@@ -1,0 +1,220 @@
+"""The comparison run: quality and speed of several decoding methods, side by side.
+
+    python -m specbeam.evaluate                                    # beam vs spec_beam, test set
+    python -m specbeam.evaluate methods=[beam,spec_beam,greedy,spec_greedy] limit=200
+    python -m specbeam.evaluate 'methods=[beam,"spec_beam:gamma=6;draft_width=8"]'
+
+Each method's exact match and speedup are against the first plain (non-speculative)
+method of the same beam size, run in the same process on the same batches. Writes a Markdown table to
+stdout and `results.json`, `results.csv` and PNG plots to the output directory (Hydra's
+run directory unless `output_dir` is set).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import matplotlib
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from sacrebleu.metrics import BLEU, CHRF
+
+from specbeam.compare import MethodRun, run_side_by_side
+from specbeam.decoding import DecodingConfig, make_generator
+from specbeam.hardware import HardwareConfig
+from specbeam.models import ModelPairConfig, load_pair
+from specbeam.task import REPO_ROOT, TaskConfig
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+@dataclass(kw_only=True)
+class EvaluateConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelPairConfig = field(default_factory=ModelPairConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    methods: list[str] = field(default_factory=lambda: ["beam", "spec_beam"])
+    """Names of conf/decoding/*.yaml; the first is the reference."""
+    split: str = "test"
+    limit: int = 0
+    """Evaluate the first n sentences of the split; 0 = all."""
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    """Batch 1 gives latency; larger batches give throughput. Quality comes from the first."""
+    output_dir: str | None = None
+
+
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+
+
+def load_decoding(method: str) -> DecodingConfig:
+    """`name` or `name:key=value;key=value`, e.g. `spec_beam:gamma=6;draft_width=8`."""
+    name, _, overrides = method.partition(":")
+    path = REPO_ROOT / "conf" / "decoding" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ValueError(f"methods: unknown decoding '{name}'; allowed: {known}")
+    dotlist = [item for item in overrides.split(";") if item]
+    merged = OmegaConf.merge(
+        OmegaConf.structured(DecodingConfig),
+        OmegaConf.load(path),
+        OmegaConf.from_dotlist(dotlist),
+        {"name": method},
+    )
+    return OmegaConf.to_object(merged)
+
+
+def baseline_index(decodings: list[DecodingConfig], i: int) -> int:
+    """A method is compared with the first plain method of its beam size, else the first."""
+    for j, d in enumerate(decodings):
+        if not d.speculative and d.beam_size == decodings[i].beam_size:
+            return j
+    return 0
+
+
+def summarise(
+    runs: list[MethodRun], decodings: list[DecodingConfig], refs: list[str], batch_size: int, n: int
+) -> list[dict]:
+    rows = []
+    for i, run in enumerate(runs):
+        reference = runs[baseline_index(decodings, i)]
+        speculative = run.stats.target_passes > 0
+        bleu, chrf = BLEU(), CHRF()
+        bleu_score, chrf_score = (
+            bleu.corpus_score(run.outputs, [refs]),
+            chrf.corpus_score(run.outputs, [refs]),
+        )
+        seconds = sorted(run.seconds)
+        rows.append({
+            "method": run.name,
+            "baseline": reference.name,
+            "batch_size": batch_size,
+            "bleu": bleu_score.score,
+            "bleu_signature": str(bleu.get_signature()),
+            "chrf": chrf_score.score,
+            "chrf_signature": str(chrf.get_signature()),
+            "exact_match": sum(a == b for a, b in zip(run.tokens, reference.tokens, strict=True)) / n,
+            "seconds": run.total_seconds,
+            "speedup": reference.total_seconds / run.total_seconds,
+            "tau": run.stats.tau if speculative else 1.0,
+            "acceptance_rate": run.stats.acceptance_rate if speculative else None,
+            "target_passes_per_sentence": run.stats.source_passes / n if speculative else None,
+            "latency_p50_ms": 1000 * statistics.median(seconds),
+            "latency_p90_ms": 1000 * seconds[min(len(seconds) - 1, int(0.9 * len(seconds)))],
+            "sentences_per_second": n / run.total_seconds,
+            "target_tokens_per_second": run.generated_tokens / run.total_seconds,
+            "peak_kv_cache_mb": run.peak_cache_bytes / 2**20,
+        })  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = "| method | vs | batch | BLEU | chrF | exact | speedup | τ | accept | passes/sent | p50 ms | p90 ms | sent/s | KV MB |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        acc = "–" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+        passes = (
+            "–"
+            if r["target_passes_per_sentence"] is None
+            else f"{r['target_passes_per_sentence']:.1f}"
+        )
+        lines.append(
+            f"| {r['method']} | {r['baseline']} | {r['batch_size']} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['exact_match']:.3f} | "
+            f"{r['speedup']:.2f}× | {r['tau']:.2f} | {acc} | {passes} | {r['latency_p50_ms']:.0f} | "
+            f"{r['latency_p90_ms']:.0f} | {r['sentences_per_second']:.2f} | {r['peak_kv_cache_mb']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    first = [r for r in rows if r["batch_size"] == rows[0]["batch_size"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.bar([r["method"] for r in first], [r["speedup"] for r in first])
+    ax1.set_ylabel(f"speedup vs {methods[0]} (batch {rows[0]['batch_size']})")
+    ax2.bar([r["method"] for r in first], [r["tau"] for r in first], color="tab:orange")
+    ax2.set_ylabel("τ: beam-search steps per target pass")
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_tau.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in methods:
+        points = [r for r in rows if r["method"] == method]
+        ax.plot(
+            [r["batch_size"] for r in points],
+            [r["sentences_per_second"] for r in points],
+            "o-",
+            label=method,
+        )
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("sentences / s")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
+    plt.close(fig)
+
+
+def evaluate(cfg: EvaluateConfig, out: Path) -> list[dict]:
+    cfg.hardware.apply()
+    decodings = [load_decoding(name) for name in cfg.methods]
+    tokenizer = cfg.task.load_tokenizer()
+    pair = (
+        cfg.model
+        if any(d.speculative for d in decodings)
+        else dataclasses.replace(cfg.model, draft=None)
+    )
+    target, draft = load_pair(
+        pair, REPO_ROOT, tokenizer.vocab_info.size, cfg.hardware.draft_torch_dtype
+    )
+    pairs = cfg.task.split(cfg.split)[: cfg.limit or None]
+    sources, refs = [p.source for p in pairs], [p.target for p in pairs]
+    rows = []
+    for batch_size in cfg.batch_sizes:
+        runs = [
+            MethodRun(d.name, make_generator(d, target, draft, tokenizer.vocab_info))
+            for d in decodings
+        ]
+        run_side_by_side(
+            runs, tokenizer, sources, cfg.task.src_lang, cfg.task.tgt_lang, batch_size=batch_size,
+            desc=f"batch {batch_size}",
+        )  # fmt: skip
+        rows += summarise(runs, decodings, refs, batch_size, len(pairs))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(
+        json.dumps(
+            {"config": OmegaConf.to_container(OmegaConf.structured(cfg)), "rows": rows}, indent=1
+        )
+        + "\n"
+    )
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, out)
+    return rows
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="evaluate")
+def main(cfg: EvaluateConfig) -> None:
+    config: EvaluateConfig = OmegaConf.to_object(cfg)
+    out = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
+    try:
+        rows = evaluate(config, out)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+    print(markdown(rows))
+    print(f"\nBLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}\nresults: {out}")
+
+
+if __name__ == "__main__":
+    main()
