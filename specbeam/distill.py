@@ -10,7 +10,6 @@ With a draft in `model` and a speculative `decoding`, the output is the same and
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -18,14 +17,14 @@ from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from specbeam.app import run_app
 from specbeam.decoding import DecodingConfig, make_generator
 from specbeam.hardware import HardwareConfig
 from specbeam.inference import translate_texts
 from specbeam.models import ModelPairConfig, load_pair
-from specbeam.task import REPO_ROOT, TaskConfig
+from specbeam.task import TaskConfig
 
 log = logging.getLogger("specbeam.distill")
 
@@ -87,10 +86,10 @@ def translate_chunks(cfg: DistillConfig, out: Path, chunks: list) -> None:
         return
     cfg.hardware.apply()
     tokenizer = cfg.task.load_tokenizer()
-    pair = cfg.model if cfg.decoding.speculative else dataclasses.replace(cfg.model, draft=None)
     target, draft = load_pair(
-        pair, REPO_ROOT, tokenizer.vocab_info.size, cfg.hardware.draft_torch_dtype
-    )
+        cfg.model, tokenizer.vocab_info.size, with_draft=cfg.decoding.speculative,
+        draft_dtype=cfg.hardware.draft_torch_dtype,
+    )  # fmt: skip
     generator = make_generator(cfg.decoding, target, draft, tokenizer.vocab_info)
     (out / "chunks").mkdir(parents=True, exist_ok=True)
     for c in tqdm(todo, desc=f"distill shard {cfg.shard}", unit="chunk"):
@@ -110,10 +109,7 @@ def translate_chunks(cfg: DistillConfig, out: Path, chunks: list) -> None:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="distill")
 def main(cfg: DistillConfig) -> None:
-    try:
-        distill(OmegaConf.to_object(cfg))
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"error: {error}") from None
+    run_app(distill, cfg)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ run directory unless `output_dir` is set).
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -26,11 +25,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
+from specbeam.app import run_app
 from specbeam.compare import MethodRun, run_side_by_side
 from specbeam.decoding import DecodingConfig, make_generator
 from specbeam.hardware import HardwareConfig
 from specbeam.models import ModelPairConfig, load_pair
-from specbeam.task import REPO_ROOT, TaskConfig
+from specbeam.paths import REPO_ROOT
+from specbeam.task import TaskConfig
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -164,18 +165,15 @@ def plot(rows: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
-def evaluate(cfg: EvaluateConfig, out: Path) -> list[dict]:
+def evaluate(cfg: EvaluateConfig) -> None:
+    out = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     cfg.hardware.apply()
     decodings = [load_decoding(name) for name in cfg.methods]
     tokenizer = cfg.task.load_tokenizer()
-    pair = (
-        cfg.model
-        if any(d.speculative for d in decodings)
-        else dataclasses.replace(cfg.model, draft=None)
-    )
     target, draft = load_pair(
-        pair, REPO_ROOT, tokenizer.vocab_info.size, cfg.hardware.draft_torch_dtype
-    )
+        cfg.model, tokenizer.vocab_info.size, with_draft=any(d.speculative for d in decodings),
+        draft_dtype=cfg.hardware.draft_torch_dtype,
+    )  # fmt: skip
     pairs = cfg.task.split(cfg.split)[: cfg.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     rows = []
@@ -201,19 +199,13 @@ def evaluate(cfg: EvaluateConfig, out: Path) -> list[dict]:
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, out)
-    return rows
+    print(markdown(rows))
+    print(f"\nBLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}\nresults: {out}")
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="evaluate")
 def main(cfg: EvaluateConfig) -> None:
-    config: EvaluateConfig = OmegaConf.to_object(cfg)
-    out = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
-    try:
-        rows = evaluate(config, out)
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"error: {error}") from None
-    print(markdown(rows))
-    print(f"\nBLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}\nresults: {out}")
+    run_app(evaluate, cfg)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import torch
 from fairseq2.models.nllb import NllbConfig, create_nllb_model
 from fairseq2.models.transformer import TransformerModel
 
+from specbeam.paths import REPO_ROOT
+
 
 @dataclass(kw_only=True)
 class ModelArch:
@@ -82,11 +84,19 @@ class ModelPairConfig:
 
 
 def load_pair(
-    cfg: ModelPairConfig, root: Path, vocab_size: int, draft_dtype: torch.dtype = torch.float32
+    cfg: ModelPairConfig,
+    vocab_size: int,
+    *,
+    with_draft: bool,
+    draft_dtype: torch.dtype = torch.float32,
+    root: Path = REPO_ROOT,
 ) -> tuple[TransformerModel, TransformerModel | None]:
+    """Loads the target, and the draft when a speculative method will run."""
     target = _load_one(cfg.target, cfg.random_target_arch, root, vocab_size, seed=0)
     draft = None
-    if cfg.draft is not None:
+    if with_draft:
+        if cfg.draft is None:
+            raise ValueError(f"model={cfg.name} has no draft, but a speculative decoding needs one")
         draft = _load_one(cfg.draft, cfg.random_draft_arch, root, vocab_size, seed=1).to(
             draft_dtype
         )

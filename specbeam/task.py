@@ -9,8 +9,7 @@ from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.models.nllb import NllbTokenizerConfig, load_nllb_tokenizer
 
 from specbeam.data import Pair, read_tsv
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from specbeam.paths import REPO_ROOT
 
 
 @dataclass(kw_only=True)

@@ -7,7 +7,6 @@ python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam searc
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -18,15 +17,15 @@ from typing import TextIO
 import hydra
 from fairseq2.generation import SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from specbeam.app import run_app
 from specbeam.decoding import DecodingConfig, make_generator
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.hardware import HardwareConfig
 from specbeam.inference import translate_texts
 from specbeam.models import ModelPairConfig, load_pair
-from specbeam.task import REPO_ROOT, TaskConfig
+from specbeam.task import TaskConfig
 
 
 @dataclass(kw_only=True)
@@ -66,10 +65,10 @@ def translate(cfg: TranslateConfig) -> None:
     cfg.hardware.apply()
     cfg.decoding.validate()
     tokenizer = cfg.task.load_tokenizer()
-    pair = cfg.model if cfg.decoding.speculative else dataclasses.replace(cfg.model, draft=None)
     target, draft = load_pair(
-        pair, REPO_ROOT, tokenizer.vocab_info.size, cfg.hardware.draft_torch_dtype
-    )
+        cfg.model, tokenizer.vocab_info.size, with_draft=cfg.decoding.speculative,
+        draft_dtype=cfg.hardware.draft_torch_dtype,
+    )  # fmt: skip
     generator = make_generator(cfg.decoding, target, draft, tokenizer.vocab_info)
     lines = read_lines(cfg.input)
     todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank
@@ -113,10 +112,7 @@ def translate(cfg: TranslateConfig) -> None:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="translate")
 def main(cfg: TranslateConfig) -> None:
-    try:
-        translate(OmegaConf.to_object(cfg))
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"error: {error}") from None
+    run_app(translate, cfg)
 
 
 if __name__ == "__main__":

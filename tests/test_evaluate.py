@@ -29,4 +29,6 @@ def test_evaluate_side_by_side(tmp_path) -> None:
         assert by_name[("beam", batch)]["speedup"] == 1.0
         assert by_name[("spec_beam", batch)]["target_passes_per_sentence"] > 0
     assert (out / "results.csv").read_text().count("\n") == 9
-    assert (out / "speedup_tau.png").stat().st_size > 0 and (out / "throughput.png").stat().st_size > 0
+    assert (out / "speedup_tau.png").stat().st_size > 0 and (
+        out / "throughput.png"
+    ).stat().st_size > 0
