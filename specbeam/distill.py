@@ -12,29 +12,21 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.app import run_app
-from specbeam.decoding import DecodingConfig, make_generator
-from specbeam.hardware import HardwareConfig
+from specbeam.app import PipelineConfig, run_app
 from specbeam.inference import translate_texts
-from specbeam.models import ModelPairConfig, load_pair
-from specbeam.task import TaskConfig
 
 log = logging.getLogger("specbeam.distill")
 
 
 @dataclass(kw_only=True)
-class DistillConfig:
-    task: TaskConfig = field(default_factory=TaskConfig)
-    model: ModelPairConfig = field(default_factory=ModelPairConfig)
-    decoding: DecodingConfig = field(default_factory=DecodingConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+class DistillConfig(PipelineConfig):
     split: str = "train"
     out_dir: str = "~/.cache/specbeam/distill"
     chunk_size: int = 256
@@ -84,13 +76,7 @@ def translate_chunks(cfg: DistillConfig, out: Path, chunks: list) -> None:
     todo = [c for c in range(shard, len(chunks), num_shards) if not chunk_path(out, c).exists()]
     if not todo:
         return
-    cfg.hardware.apply()
-    tokenizer = cfg.task.load_tokenizer()
-    target, draft = load_pair(
-        cfg.model, tokenizer.vocab_info.size, with_draft=cfg.decoding.speculative,
-        draft_dtype=cfg.hardware.draft_torch_dtype,
-    )  # fmt: skip
-    generator = make_generator(cfg.decoding, target, draft, tokenizer.vocab_info)
+    tokenizer, generator = cfg.build()
     (out / "chunks").mkdir(parents=True, exist_ok=True)
     for c in tqdm(todo, desc=f"distill shard {cfg.shard}", unit="chunk"):
         chunk = chunks[c]

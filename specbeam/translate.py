@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -19,21 +19,13 @@ from fairseq2.generation import SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.app import run_app
-from specbeam.decoding import DecodingConfig, make_generator
+from specbeam.app import PipelineConfig, run_app
 from specbeam.generator import SpeculativeGeneratorOutput
-from specbeam.hardware import HardwareConfig
 from specbeam.inference import translate_texts
-from specbeam.models import ModelPairConfig, load_pair
-from specbeam.task import TaskConfig
 
 
 @dataclass(kw_only=True)
-class TranslateConfig:
-    task: TaskConfig = field(default_factory=TaskConfig)
-    model: ModelPairConfig = field(default_factory=ModelPairConfig)
-    decoding: DecodingConfig = field(default_factory=DecodingConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+class TranslateConfig(PipelineConfig):
     input: str = "-"
     output: str = "-"
     stats_file: str | None = None
@@ -62,14 +54,7 @@ def open_output(path: str) -> TextIO:
 
 
 def translate(cfg: TranslateConfig) -> None:
-    cfg.hardware.apply()
-    cfg.decoding.validate()
-    tokenizer = cfg.task.load_tokenizer()
-    target, draft = load_pair(
-        cfg.model, tokenizer.vocab_info.size, with_draft=cfg.decoding.speculative,
-        draft_dtype=cfg.hardware.draft_torch_dtype,
-    )  # fmt: skip
-    generator = make_generator(cfg.decoding, target, draft, tokenizer.vocab_info)
+    tokenizer, generator = cfg.build()
     lines = read_lines(cfg.input)
     todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank
     records: dict[int, dict] = {}
