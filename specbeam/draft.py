@@ -36,6 +36,7 @@ class Drafter:
         strategy: DraftStrategy,
         depth: int,
         width: int,
+        max_nodes: int | None = None,
     ) -> None:
         num_sources = decoder.cache.lens.size(0)
         k = decoder.cache.k
@@ -44,6 +45,7 @@ class Drafter:
         self.strategy = strategy
         self.depth = depth
         self.width = width
+        self.max_nodes = max_nodes
         # (S, k, c) right-aligned pending chains; all hypotheses of a source share c.
         self.pending = prompt.expand(num_sources, k, -1).clone()
         self.pending_len = torch.full((num_sources,), prompt.size(-1), dtype=torch.int64)
@@ -60,7 +62,7 @@ class Drafter:
         roots = table.add_chains(self.pending[:, :n], self.pending_len, dec.cache.lens)
         hidden = dec.forward(*table.query(0, table.size))
         logits = dec.logits(hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1))))
-        tokens, parents, valid = [], [], []
+        tokens, parents, valid, node_scores = [], [], [], []
         parent_slots, cum = roots, scores
         for d in range(depth):
             lprobs = self.rules.log_probs(logits)
@@ -70,6 +72,7 @@ class Drafter:
             score, parent, token = self._children(cum[..., None] + lprobs, width)
             tokens.append(token)
             parents.append(parent)
+            node_scores.append(score)
             valid.append(score > -torch.inf)
             if d + 1 < depth:
                 begin = table.size
@@ -78,7 +81,8 @@ class Drafter:
                 cum = score
         self.table, self.root_slots = table, roots
         self.passes += depth
-        return DraftTree(torch.stack(tokens, 1), torch.stack(parents, 1), torch.stack(valid, 1))
+        tree = DraftTree(*(torch.stack(x, 1) for x in (tokens, parents, valid, node_scores)))
+        return tree if self.max_nodes is None else tree.limit(self.max_nodes)
 
     def _children(self, cand: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
         """cand: (S, m, V) cumulative scores -> score, parent index, token; each (S, width)."""

@@ -47,6 +47,10 @@ class SpeculativeGeneratorOutput(SequenceGeneratorOutput):
 class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     """fairseq2's `BeamSearchSeq2SeqGenerator` plus a draft model; same output.
 
+    The draft runs a beam search of width `draft_width` (default: `beam_size`) for `gamma`
+    steps from the live hypotheses ("beam"), or extends each one greedily ("linear");
+    `max_draft_nodes` keeps each source's most likely drafted nodes for verification.
+
     `prefill_chunk_size` and `decode_capacity_increment` are accepted for drop-in
     compatibility: the prompt is decoded in the first verification pass, and the caches
     are preallocated once per call.
@@ -74,6 +78,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         gamma: int = 4,
         draft_strategy: DraftStrategy = "beam",
         draft_width: int | None = None,
+        max_draft_nodes: int | None = None,
     ) -> None:
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
@@ -91,6 +96,8 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             raise ValueError(
                 f"`draft_strategy` must be 'beam' or 'linear', but is '{draft_strategy}'."
             )
+        if max_draft_nodes is not None and max_draft_nodes < 1:
+            raise ValueError(f"`max_draft_nodes` must be ≥ 1 or None, but is {max_draft_nodes}.")
         width = beam_size if draft_width is None else draft_width
         if width < beam_size and draft_strategy == "beam":
             raise ValueError(f"`draft_width` must be ≥ beam_size ({beam_size}), but is {width}.")
@@ -113,6 +120,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         self._gamma = gamma
         self._draft_strategy: DraftStrategy = draft_strategy
         self._draft_width = width
+        self._max_draft_nodes = max_draft_nodes
 
     @property
     @override
@@ -213,6 +221,7 @@ class _Op:
             strategy=gen._draft_strategy,
             depth=gamma,
             width=width,
+            max_nodes=gen._max_draft_nodes,
         )
         finish = HypothesisFactory(
             int(vocab.eos_idx),
@@ -250,6 +259,7 @@ class _Op:
             stats.record_pass(
                 state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
             )
+            stats.verified_slots += verification.hidden.shape[0] * verification.hidden.shape[1]
             self._track_cache_peaks()
             chains = acceptance.roots[..., None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)

@@ -18,6 +18,7 @@ class SpecStats:
     source_passes: int = 0  # (pass, unfinished source) pairs
     steps: int = 0  # beam-search steps, summed over sources
     drafted_tokens: int = 0
+    verified_slots: int = 0  # query tokens of all verification calls (padding included)
     accepted_tokens: int = 0
     tau_histogram: Counter[int] = field(default_factory=Counter)
     peak_target_cache_bytes: int = 0

@@ -31,6 +31,7 @@ class Case:
     gamma: int
     strategy: str
     draft_width: int | None
+    max_draft_nodes: int | None
     len_penalty: float
     min_gen_len: int
     max_gen_len: tuple[float, int]
@@ -62,6 +63,7 @@ class Case:
             draft_width=rng.choice([None, beam + rng.randint(1, 3)])
             if strategy == "beam"
             else None,
+            max_draft_nodes=rng.choice([None, None, rng.randint(1, 12)]),
             len_penalty=rng.choice([1.0, 1.0, 0.6, 1.4]),
             min_gen_len=rng.choice([1, 1, 3, 8]),
             max_gen_len=rng.choice([(2.0, 5), (1.0, 3), (0.0, 9), (3.0, 10)]),
@@ -81,7 +83,7 @@ def run_both(case: Case, target, draft, vocab_info):
     base_gen = BeamSearchSeq2SeqGenerator(target, vocab_info, **common)
     spec_gen = SpeculativeBeamSearchSeq2SeqGenerator(
         target, draft, vocab_info, gamma=case.gamma, draft_strategy=case.strategy,
-        draft_width=case.draft_width, **common,
+        draft_width=case.draft_width, max_draft_nodes=case.max_draft_nodes, **common,
     )  # fmt: skip
     try:
         base = base_gen(src, src_layout, prompts, prompt_layout)
@@ -168,12 +170,32 @@ def test_stats_are_reported(tiny_target, tiny_draft, vocab_info) -> None:
     assert all(v >= 0 for v in stats["seconds"].values())
 
 
+def test_node_budget_bounds_verification(tiny_target, tiny_draft, vocab_info) -> None:
+    case = Case.draw(4)
+    case.beam_size, case.gamma, case.strategy, case.draft_width, case.batch = 4, 5, "beam", 6, 3
+    case.max_gen_len, case.min_gen_len, case.extra = (2.0, 5), 1, {}
+    runs = {}
+    for budget in (None, 7):
+        case.max_draft_nodes = budget
+        base, spec = run_both(case, tiny_target, tiny_draft, vocab_info)
+        assert_same(base, spec)
+        runs[budget] = spec.stats
+    full, limited = runs[None], runs[7]
+    assert full.drafted_tokens > 7 * full.source_passes
+    assert limited.drafted_tokens <= 7 * limited.source_passes
+    assert limited.verified_slots < full.verified_slots
+
+
 def test_rejects_bad_settings(tiny_target, tiny_draft, vocab_info) -> None:
     with pytest.raises(ValueError, match="gamma"):
         SpeculativeBeamSearchSeq2SeqGenerator(tiny_target, tiny_draft, vocab_info, gamma=0)
     with pytest.raises(ValueError, match="draft_width"):
         SpeculativeBeamSearchSeq2SeqGenerator(
             tiny_target, tiny_draft, vocab_info, beam_size=4, draft_width=2
+        )
+    with pytest.raises(ValueError, match="max_draft_nodes"):
+        SpeculativeBeamSearchSeq2SeqGenerator(
+            tiny_target, tiny_draft, vocab_info, max_draft_nodes=0
         )
     with pytest.raises(ValueError, match="beam_size"):
         SpeculativeBeamSearchSeq2SeqGenerator(tiny_target, tiny_draft, vocab_info, beam_size=0)
