@@ -8,6 +8,7 @@ could only flip a choice on an exact tie. None of the seeded cases below hits on
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass
 
@@ -199,3 +200,13 @@ def test_rejects_bad_settings(tiny_target, tiny_draft, vocab_info) -> None:
         )
     with pytest.raises(ValueError, match="beam_size"):
         SpeculativeBeamSearchSeq2SeqGenerator(tiny_target, tiny_draft, vocab_info, beam_size=0)
+
+
+def test_bfloat16_draft_keeps_output_exact(tiny_target, tiny_draft, vocab_info) -> None:
+    """The draft's precision only changes proposals; verification stays fp32."""
+    draft = copy.deepcopy(tiny_draft).to(torch.bfloat16)
+    for seed in range(5):
+        case = Case.draw(300 + seed)
+        result = run_both(case, tiny_target, draft, vocab_info)
+        if result is not None:
+            assert_same(*result)
