@@ -11,17 +11,17 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TextIO
 
 import hydra
-from fairseq2.generation import SequenceGeneratorOutput
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
 from specbeam.app import PipelineConfig, run_app
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.inference import translate_texts
+from specbeam.textio import ResumableOutput, job_fingerprint, read_lines
 
 
 @dataclass(kw_only=True)
@@ -30,69 +30,88 @@ class TranslateConfig(PipelineConfig):
     output: str = "-"
     stats_file: str | None = None
     """Optional JSONL with one record of statistics per input line."""
+    chunk_lines: int = 256
+    """Lines translated, then written and flushed, at a time (the resume granularity)."""
+    input_errors: str = "strict"
+    """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
 
 
 ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
 
 
-def read_lines(path: str) -> list[str]:
-    if path == "-":
-        return sys.stdin.read().splitlines()
-    try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise SystemExit(f"error: cannot read input {path}: {error.strerror}") from None
-
-
-def open_output(path: str) -> TextIO:
-    if path == "-":
-        return sys.stdout
-    try:
-        return open(path, "w", encoding="utf-8")
-    except OSError as error:
-        raise SystemExit(f"error: cannot write output {path}: {error.strerror}") from None
-
-
 def translate(cfg: TranslateConfig) -> None:
     tokenizer, generator = cfg.build()
-    lines = read_lines(cfg.input)
-    todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank
-    records: dict[int, dict] = {}
+    lines = read_lines(cfg.input, cfg.input_errors)
+    job = job_fingerprint(cfg.input, (cfg.task, cfg.model, cfg.decoding))
+    out = ResumableOutput(cfg.output, job)
+    stats = ResumableOutput(cfg.stats_file, job) if cfg.stats_file else None
+    if stats is not None:
+        stats.truncate_to(out.done)
+    if out.done:
+        print(f"resuming {cfg.output} after line {out.done}", file=sys.stderr)
     bar = tqdm(
-        total=len(todo),
-        unit="sent",
-        disable=cfg.input == "-" or not sys.stderr.isatty(),
-        file=sys.stderr,
+        total=len(lines), initial=out.done, unit="line", file=sys.stderr, disable=cfg.output == "-"
     )
-    last = [time.perf_counter()]
+    try:
+        for begin in range(out.done, len(lines), cfg.chunk_lines):
+            texts, records = translate_chunk(cfg, tokenizer, generator, lines, begin)
+            if stats is not None:
+                stats.write([json.dumps(r) for r in records])
+            out.write(texts)
+            bar.update(len(texts))
+    except KeyboardInterrupt:
+        where = "stdout" if cfg.output == "-" else f"{out.partial}"
+        raise SystemExit(
+            f"interrupted: {out.done} of {len(lines)} lines are in {where}; "
+            "run the same command again to continue"
+        ) from None
+    finally:
+        bar.close()
+        out.close()
+        if stats is not None:
+            stats.close()
+    out.finish()
+    if stats is not None:
+        stats.finish()
 
-    def on_batch(batch: list[int], out: SequenceGeneratorOutput) -> None:
+
+def translate_chunk(
+    cfg: TranslateConfig,
+    tokenizer: Tokenizer,
+    generator: Seq2SeqGenerator,
+    lines: list[str],
+    begin: int,
+) -> tuple[list[str], list[dict]]:
+    """Translates lines [begin, begin + chunk_lines): output lines and per-line records."""
+    chunk = lines[begin : begin + cfg.chunk_lines]
+    todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
+    records = [{"line": begin + i + 1, "blank": True} for i in range(len(chunk))]
+    last = time.perf_counter()
+
+    def on_batch(batch: list[int], result: SequenceGeneratorOutput) -> None:
+        nonlocal last
         now = time.perf_counter()
         for row, i in enumerate(batch):
-            record = {"line": todo[i] + 1, "batch_size": len(batch), "batch_seconds": now - last[0]}
-            if isinstance(out, SpeculativeGeneratorOutput):
-                passes, steps = out.stats.passes_per_source[row], out.stats.steps_per_source[row]
+            record = {
+                "line": begin + todo[i] + 1,
+                "batch_size": len(batch),
+                "batch_seconds": now - last,
+            }
+            if isinstance(result, SpeculativeGeneratorOutput):
+                passes = result.stats.passes_per_source[row]
+                steps = result.stats.steps_per_source[row]
                 record.update(target_passes=passes, steps=steps, tau=steps / max(passes, 1))
             records[todo[i]] = record
-        last[0] = now
-        bar.update(len(batch))
+        last = now
 
     translations = translate_texts(
-        generator, tokenizer, [lines[i] for i in todo], cfg.task.src_lang, cfg.task.tgt_lang,
+        generator, tokenizer, [chunk[i] for i in todo], cfg.task.src_lang, cfg.task.tgt_lang,
         max_tokens=cfg.hardware.batch_tokens, on_batch=on_batch,
     )  # fmt: skip
-    bar.close()
-    outputs = [""] * len(lines)
+    texts = [""] * len(chunk)
     for i, text in zip(todo, translations, strict=True):
-        outputs[i] = text
-    out = open_output(cfg.output)
-    out.writelines(line + "\n" for line in outputs)
-    out.flush()
-    if out is not sys.stdout:
-        out.close()
-    if cfg.stats_file:
-        with open(cfg.stats_file, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(records[i]) + "\n" for i in sorted(records))
+        texts[i] = text
+    return texts, records
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="translate")

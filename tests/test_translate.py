@@ -47,7 +47,8 @@ def test_speculative_output_equals_beam_search(tmp_path, source_file) -> None:
         assert result.returncode == 0, result.stderr
         outputs[decoding] = out.read_text(encoding="utf-8").split("\n")[:-1]
         records = [json.loads(line) for line in stats.read_text().splitlines()]
-        assert [r["line"] for r in records] == [1, 3, 5]
+        assert [r["line"] for r in records] == [1, 2, 3, 4, 5]  # one record per input line
+        assert [r.get("blank", False) for r in records] == [False, True, False, True, False]
     assert len(outputs["beam"]) == len(LINES)
     assert outputs["beam"] == outputs["spec_beam"]
     assert outputs["beam"][1] == "" and outputs["beam"][3] == ""
@@ -69,3 +70,55 @@ def test_stdin_to_stdout_and_clear_errors(tmp_path) -> None:
     assert missing.returncode != 0 and "cannot read input /nonexistent/file.es" in missing.stderr
     unknown = run(tmp_path, "decoding.nonsense=1")
     assert unknown.returncode != 0 and "Key 'nonsense' not in 'DecodingConfig'" in unknown.stderr
+
+
+def _start(tmp_path: Path, source: Path, output: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
+           "decoding.max_gen_len=[0.5,4]", "chunk_lines=10", f"input={source}", f"output={output}",
+           f"hydra.run.dir={tmp_path}/hydra", *overrides]  # fmt: skip
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for_lines(partial: Path, count: int, proc: subprocess.Popen) -> None:
+    import time
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if partial.exists() and partial.read_text(encoding="utf-8").count("\n") >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{partial} never reached {count} lines")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
+def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
+    import signal
+
+    dev = [
+        line.split("\t")[1]
+        for line in (REPO / "tasks/bible_es_en/data/dev.tsv").read_text().splitlines()
+    ]
+    source = tmp_path / "src.es"
+    source.write_text("\n".join(dev[:60]) + "\n", encoding="utf-8")
+    reference = tmp_path / "reference.en"
+    assert run(tmp_path, f"input={source}", f"output={reference}", "chunk_lines=10").returncode == 0
+
+    output = tmp_path / "resumed.en"
+    partial = tmp_path / "resumed.en.partial"
+    proc = _start(tmp_path, source, output)
+    _wait_for_lines(partial, 20, proc)
+    proc.send_signal(getattr(signal, signal_name))
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and not output.exists()
+    if signal_name == "SIGINT":
+        assert "interrupted:" in stderr and "run the same command again to continue" in stderr
+    done = partial.read_text(encoding="utf-8").count("\n")
+    assert 20 <= done < 60
+
+    resumed = run(tmp_path, f"input={source}", f"output={output}", "chunk_lines=10")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {output} after line {done}" in resumed.stderr
+    assert output.read_bytes() == reference.read_bytes()
+    assert not partial.exists()

@@ -1,0 +1,231 @@
+"""specbeam as a fairseq2 extension.
+
+fairseq2 runs `register_specbeam` for every process that builds its dependency container
+(entry point group `fairseq2.extension`), so any recipe with a `seq2seq_generator` section
+can select the speculative generator by name::
+
+    seq2seq_generator.name=speculative_beam_search
+    seq2seq_generator.config.draft_model=<asset card of the draft>
+
+The registration mirrors fairseq2's own beam search (`fairseq2.recipe.composition.
+beam_search`): a named `Seq2SeqGenerator` component whose factory takes the recipe's
+model, tokenizer and beam search algorithm, plus the draft, which is loaded by asset card
+name through fairseq2's model hub.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Final, cast, final
+
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.gang import Gangs
+from fairseq2.generation import Seq2SeqGenerator
+from fairseq2.generation.beam_search import BeamSearchAlgorithm
+from fairseq2.models.hub import GlobalModelLoader
+from fairseq2.models.transformer import TransformerModel
+from fairseq2.recipe.component import (
+    ComponentManager,
+    ComponentNotKnownError,
+    register_component,
+)
+from fairseq2.recipe.config import BeamSearchConfig
+from fairseq2.recipe.error import (
+    BeamSearchAlgorithmNotKnownError,
+    ModelTypeNotValidError,
+    raise_model_type_not_valid_error,
+)
+from fairseq2.runtime.dependency import (
+    DependencyContainer,
+    DependencyResolver,
+    wire_object,
+)
+from fairseq2.utils.validation import ValidationResult
+from torch.nn import Module
+
+from specbeam.draft import DraftStrategy
+from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.models import check_same_vocabulary
+
+SPECULATIVE_BEAM_SEARCH_GENERATOR: Final = "speculative_beam_search"
+
+SPECULATIVE_GREEDY_GENERATOR: Final = "speculative_greedy"
+
+_DRAFT_STRATEGIES: Final = ("beam", "linear")
+
+
+@dataclass(kw_only=True)
+class SpeculativeBeamSearchConfig(BeamSearchConfig):
+    """`BeamSearchConfig` plus the draft; the output is that of plain beam search.
+
+    Under `speculative_greedy`, `beam_size` and `draft_strategy` are ignored: the
+    generator always runs with a beam of 1 and a linear (greedy) draft.
+    """
+
+    draft_model: str
+    """The asset card name of the draft model; it must share the target's vocabulary."""
+
+    gamma: int = 4
+    """The draft depth: beam search steps proposed per target pass."""
+
+    draft_strategy: str = "beam"
+    """'beam' drafts a beam search tree below each hypothesis, 'linear' one greedy path."""
+
+    draft_width: int | None = None
+    """The draft beam width of the 'beam' strategy; ``None`` means `beam_size`."""
+
+    max_draft_nodes: int | None = None
+    """If not ``None``, verifies only each source's most likely drafted nodes."""
+
+    def validate(self) -> ValidationResult:
+        result = super().validate()
+
+        if not self.draft_model:
+            result.add_error("`draft_model` must be the name of a model asset card.")
+
+        if self.gamma < 1:
+            result.add_error("`gamma` must be greater than or equal to 1.")
+
+        if self.draft_strategy not in _DRAFT_STRATEGIES:
+            result.add_error(
+                f"`draft_strategy` must be 'beam' or 'linear', but is '{self.draft_strategy}' instead."
+            )
+
+        if self.draft_width is not None and self.draft_width < 1:
+            result.add_error("`draft_width` must be greater than or equal to 1.")
+
+        if self.max_draft_nodes is not None and self.max_draft_nodes < 1:
+            result.add_error("`max_draft_nodes` must be greater than or equal to 1.")
+
+        return result
+
+
+@final
+class _SpeculativeBeamSearchSeq2SeqGeneratorFactory:
+    """fairseq2's `_BeamSearchSeq2SeqGeneratorFactory`, plus loading the draft.
+
+    Both models must be `TransformerModel`s: the draft tree is decoded with tree masks
+    through their decoders.
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        tokenizer: Tokenizer,
+        component_manager: ComponentManager,
+        model_loader: GlobalModelLoader,
+        gangs: Gangs,
+    ) -> None:
+        self._model = model
+        self._tokenizer = tokenizer
+        self._component_manager = component_manager
+        self._model_loader = model_loader
+        self._gangs = gangs
+
+    def create(self, config: SpeculativeBeamSearchConfig) -> Seq2SeqGenerator:
+        try:
+            algo = self._component_manager.create_component(
+                BeamSearchAlgorithm, config.algo.name, config.algo.config
+            )
+        except ComponentNotKnownError:
+            raise BeamSearchAlgorithmNotKnownError(config.algo.name) from None
+
+        if not isinstance(self._model, TransformerModel):
+            raise_model_type_not_valid_error(self._model, TransformerModel)
+
+        draft_model = self._load_draft_model(config.draft_model, self._model)
+
+        max_gen_len = config.max_gen_len
+
+        if isinstance(max_gen_len, int):
+            max_gen_len = (0.0, max_gen_len)
+
+        return SpeculativeBeamSearchSeq2SeqGenerator(
+            self._model,
+            draft_model,
+            self._tokenizer.vocab_info,
+            algo,
+            beam_size=config.beam_size,
+            min_gen_len=config.min_gen_len,
+            max_gen_len=max_gen_len,
+            max_seq_len=config.max_seq_len,
+            echo_prompt=config.echo_prompt,
+            normalize_scores=config.normalize_scores,
+            temperature=config.temperature,
+            unk_penalty=config.unk_penalty,
+            len_penalty=config.len_penalty,
+            prefill_chunk_size=config.prefill_chunk_size,
+            decode_capacity_increment=config.decode_capacity_increment,
+            gamma=config.gamma,
+            draft_strategy=cast(DraftStrategy, config.draft_strategy),
+            draft_width=config.draft_width,
+            max_draft_nodes=config.max_draft_nodes,
+        )
+
+    def _load_draft_model(self, name: str, target: TransformerModel) -> TransformerModel:
+        """Loads the draft on the recipe's gangs, in the target's data type, frozen."""
+        dtype = next(target.parameters()).dtype
+
+        draft_model = self._model_loader.load(
+            name,
+            self._gangs,
+            device=None,
+            dtype=dtype,
+            config=None,
+            load_rank0_only=False,
+            mmap=False,
+        )
+
+        if not isinstance(draft_model, TransformerModel):
+            raise ModelTypeNotValidError(
+                type(draft_model), TransformerModel, section_name="seq2seq_generator"
+            )
+
+        check_same_vocabulary(target, draft_model)
+
+        draft_model.requires_grad_(False)
+
+        return draft_model
+
+
+def register_specbeam(container: DependencyContainer) -> None:
+    """Registers `speculative_beam_search` and `speculative_greedy` Seq2SeqGenerators."""
+
+    def create_factory(
+        resolver: DependencyResolver,
+    ) -> _SpeculativeBeamSearchSeq2SeqGeneratorFactory:
+        model = resolver.resolve(Module, key="model")
+
+        return wire_object(resolver, _SpeculativeBeamSearchSeq2SeqGeneratorFactory, model=model)
+
+    container.register(_SpeculativeBeamSearchSeq2SeqGeneratorFactory, create_factory)
+
+    def create_beam_search(
+        resolver: DependencyResolver, config: SpeculativeBeamSearchConfig
+    ) -> Seq2SeqGenerator:
+        factory = resolver.resolve(_SpeculativeBeamSearchSeq2SeqGeneratorFactory)
+
+        return factory.create(config)
+
+    register_component(
+        container,
+        Seq2SeqGenerator,
+        SPECULATIVE_BEAM_SEARCH_GENERATOR,
+        config_kls=SpeculativeBeamSearchConfig,
+        factory=create_beam_search,
+    )
+
+    def create_greedy(
+        resolver: DependencyResolver, config: SpeculativeBeamSearchConfig
+    ) -> Seq2SeqGenerator:
+        config = replace(config, beam_size=1, draft_strategy="linear")
+
+        return create_beam_search(resolver, config)
+
+    register_component(
+        container,
+        Seq2SeqGenerator,
+        SPECULATIVE_GREEDY_GENERATOR,
+        config_kls=SpeculativeBeamSearchConfig,
+        factory=create_greedy,
+    )

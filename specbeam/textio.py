@@ -1,0 +1,115 @@
+"""Line-exact text input and resumable, atomic text output for long translation jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
+
+def read_lines(path: str, errors: str = "strict") -> list[str]:
+    """Lines separated by '\\n' only (a stray '\\r' or U+2028 does not split a line), so
+    the output has exactly one line per input line. Invalid UTF-8 names its line."""
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"input_errors={errors} is invalid: allowed: strict, replace")
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read input {path}: {error.strerror}") from None
+    try:
+        text = data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1)
+        raise ValueError(
+            f"{path}:{line}: invalid UTF-8 at byte {column} of the line (byte {error.start} of the file); "
+            "set input_errors=replace to translate it with U+FFFD in place"
+        ) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+class ResumableOutput:
+    """Writes lines to `<output>.partial`, flushed chunk by chunk, and renames it to
+    `<output>` when complete, so a partial file never looks complete. A rerun with the
+    same output path continues after the last complete line."""
+
+    def __init__(self, path: str, job: dict) -> None:
+        self.stream: TextIO
+        self.done = 0
+        self.path = None if path == "-" else Path(path)
+        if self.path is None:
+            self.stream = sys.stdout
+            return
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.sidecar = self.path.with_name(self.path.name + ".partial.json")
+        if self.partial.exists():
+            self._check_same_job(job)
+            self.done = _truncate_to_complete_lines(self.partial)
+        try:
+            self.sidecar.write_text(json.dumps(job) + "\n")
+            self.stream = open(self.partial, "a", encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"cannot write output {path}: {error.strerror}") from None
+
+    def _check_same_job(self, job: dict) -> None:
+        previous = json.loads(self.sidecar.read_text()) if self.sidecar.exists() else None
+        if previous != job:
+            raise ValueError(
+                f"{self.partial} holds a partial output of a different job (input or settings differ); "
+                "delete it or choose another output path"
+            )
+
+    def truncate_to(self, count: int) -> None:
+        """Drops lines beyond `count` (a companion file written ahead of the output)."""
+        if self.path is None or self.done <= count:
+            return
+        self.stream.close()
+        data = self.partial.read_bytes()
+        end = 0
+        for _ in range(count):
+            end = data.index(b"\n", end) + 1
+        with open(self.partial, "r+b") as f:
+            f.truncate(end)
+        self.stream = open(self.partial, "a", encoding="utf-8")
+        self.done = count
+
+    def write(self, lines: list[str]) -> None:
+        self.stream.writelines(line + "\n" for line in lines)
+        self.stream.flush()
+        if self.path is not None:
+            os.fsync(self.stream.fileno())
+        self.done += len(lines)
+
+    def finish(self) -> None:
+        if self.path is None:
+            return
+        self.stream.close()
+        os.replace(self.partial, self.path)
+        self.sidecar.unlink()
+
+    def close(self) -> None:
+        if self.path is not None and not self.stream.closed:
+            self.stream.close()
+
+
+def _truncate_to_complete_lines(path: Path) -> int:
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+    return data.count(b"\n", 0, end)
+
+
+def job_fingerprint(input_path: str, settings: object) -> dict:
+    """What must match for a rerun to continue a partial output."""
+    digest = (
+        "stdin" if input_path == "-" else hashlib.sha256(Path(input_path).read_bytes()).hexdigest()
+    )
+    return {"input": input_path, "input_sha256": digest, "settings": repr(settings)}
