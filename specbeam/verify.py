@@ -24,11 +24,12 @@ class Verification:
     def root_slots(self) -> Tensor:
         return self.chain_slots[..., -1]
 
-    def logits_at(self, slots: Tensor) -> Tensor:
-        """Logits (S, m, V) of slots (S, m). Projecting only the slots the replay
-        visits saves the vocabulary projection of every rejected node."""
-        rows = torch.arange(slots.size(0))[:, None]
-        return self.decoder.logits(self.hidden[rows, slots])
+    def logits_at(self, slots: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Logits (R, m, V) of slots (R, m) of the given source rows (default: all).
+        Projecting only the slots the replay visits saves the vocabulary projection of
+        every rejected node."""
+        rows = torch.arange(slots.size(0)) if rows is None else rows
+        return self.decoder.logits(self.hidden[rows[:, None], slots])
 
     def slot_of(self, origin: Tensor, node: Tensor) -> Tensor:
         """Slot of tree node `node` (an id; -1: the root of hypothesis `origin`)."""
