@@ -59,7 +59,7 @@ class ExactBeamAcceptor:
         output: list[list[Hypothesis]],
     ) -> Acceptance:
         k, width = self.k, tree.width
-        num_sources = verification.hidden.size(0)
+        num_sources = verification.logits.size(0)
         n = state.n
         origin = torch.arange(n).expand(num_sources, n)
         node = torch.full((num_sources, n), -1)
@@ -73,7 +73,7 @@ class ExactBeamAcceptor:
         rows = torch.arange(num_sources)[:, None]
         for j in range(tree.depth + 1):
             step_nr = state.step_nr + j
-            lprobs = self._lprobs(verification, slot, active)  # (S, n, V)
+            lprobs = self.rules.log_probs(verification.logits_at(slot))  # (S, n, V)
             vocab = lprobs.size(-1)
             self.rules.apply(lprobs, step_nr, seqs)
             top, index = (scores[..., None] + lprobs).flatten(1).topk(min(2 * k, lprobs[0].numel()))
@@ -133,17 +133,6 @@ class ExactBeamAcceptor:
         state.step_nr = state.step_nr + steps
         state.n = k
         return Acceptance(*final, steps=steps, accepted=accepted, done=done)
-
-    def _lprobs(self, verification: Verification, slot: Tensor, active: Tensor) -> Tensor:
-        """Log-probs at the hypotheses' slots; sources that already stopped in this pass
-        get zeros (their results are discarded) instead of a vocabulary projection."""
-        if bool(active.all()):
-            return self.rules.log_probs(verification.logits_at(slot))
-        rows = active.nonzero().squeeze(1)
-        live = self.rules.log_probs(verification.logits_at(slot[rows], rows))
-        lprobs = live.new_zeros((slot.size(0), *live.shape[1:]))
-        lprobs[rows] = live
-        return lprobs
 
     def _finish(
         self,

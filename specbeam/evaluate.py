@@ -107,6 +107,8 @@ def summarise(
             "tau": run.stats.tau if speculative else 1.0,
             "acceptance_rate": run.stats.acceptance_rate if speculative else None,
             "target_passes_per_sentence": run.stats.source_passes / n if speculative else None,
+            "verified_slots_per_pass": run.stats.verified_slots / max(run.stats.target_passes, 1),
+            "phase_seconds": dict(run.stats.seconds) if speculative else None,
             "latency_p50_ms": 1000 * statistics.median(seconds),
             "latency_p90_ms": 1000 * seconds[min(len(seconds) - 1, int(0.9 * len(seconds)))],
             "sentences_per_second": n / run.total_seconds,

@@ -259,7 +259,7 @@ class _Op:
             stats.record_pass(
                 state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
             )
-            stats.verified_slots += verification.hidden.shape[0] * verification.hidden.shape[1]
+            stats.verified_slots += verification.logits.shape[0] * verification.logits.shape[1]
             self._track_cache_peaks()
             chains = acceptance.roots[..., None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)

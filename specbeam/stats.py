@@ -65,6 +65,7 @@ class SpecStats:
             "source_passes",
             "steps",
             "drafted_tokens",
+            "verified_slots",
             "accepted_tokens",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))

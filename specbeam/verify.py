@@ -17,19 +17,15 @@ class Verification:
     table: SlotTable
     chain_slots: Tensor  # (S, n, c) slots of each hypothesis' pending chain, root last
     node_slots: Tensor  # (S, D, w)
-    hidden: Tensor  # (S, T, M) decoder outputs, T = n * c + D * w
-    decoder: TreeDecoder
+    logits: Tensor  # (S, T, V), T = n * c + D * w
 
     @property
     def root_slots(self) -> Tensor:
         return self.chain_slots[..., -1]
 
-    def logits_at(self, slots: Tensor, rows: Tensor | None = None) -> Tensor:
-        """Logits (R, m, V) of slots (R, m) of the given source rows (default: all).
-        Projecting only the slots the replay visits saves the vocabulary projection of
-        every rejected node."""
-        rows = torch.arange(slots.size(0)) if rows is None else rows
-        return self.decoder.logits(self.hidden[rows[:, None], slots])
+    def logits_at(self, slots: Tensor) -> Tensor:
+        """Logits (S, m, V) of slots (S, m)."""
+        return self.logits[torch.arange(slots.size(0))[:, None], slots]
 
     def slot_of(self, origin: Tensor, node: Tensor) -> Tensor:
         """Slot of tree node `node` (an id; -1: the root of hypothesis `origin`)."""
@@ -52,8 +48,11 @@ class Verifier:
         chain_slots = roots[..., None] - torch.arange(c - 1, -1, -1)
         node_slots = tree.add_to(table, roots)
         hidden = self.decoder.forward(*table.query(0, table.size))
+        # All slots in one projection: at small batches it is bound by reading the
+        # (V, M) weights, so projecting per replay step would read them τ times.
+        logits = self.decoder.logits(hidden)
         self.passes += 1
-        return Verification(table, chain_slots, node_slots, hidden, self.decoder)
+        return Verification(table, chain_slots, node_slots, logits)
 
     def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
         table = verification.table
