@@ -178,7 +178,7 @@ class TreeDecoder:
         x = frontend.embed(tokens)
         if frontend.scale != 1.0:
             x = x * frontend.scale
-        freqs = frontend.pos_encoder.freqs[1 + positions.clamp(max=self.num_positions - 1)]
+        freqs = frontend.pos_encoder.freqs[1 + positions.clamp(0, self.num_positions - 1)]
         return (x.float() + freqs).to(self.dtype)
 
     def forward(self, tokens: Tensor, positions: Tensor, hyp: Tensor, visible: Tensor) -> Tensor:
