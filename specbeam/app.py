@@ -37,6 +37,24 @@ class PipelineConfig:
         return tokenizer, make_generator(self.decoding, target, draft, tokenizer.vocab_info)
 
 
+def parse_shard(shard: str) -> tuple[int, int]:
+    """`i/n` -> (i, n), for jobs split across processes or machines."""
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise ValueError(f"shard={shard} is invalid: expected i/n, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise ValueError(f"shard={shard} is invalid: need 0 ≤ i < n")
+    return i, n
+
+
+def shard_range(shard: str, total: int) -> tuple[int, int]:
+    """The contiguous block [begin, end) of `total` lines that shard i of n owns, so
+    that concatenating the shards' outputs in order restores the whole."""
+    i, n = parse_shard(shard)
+    return total * i // n, total * (i + 1) // n
+
+
 def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
     """Runs an app on its structured config; a bad setting or a missing file ends the
     process with one line naming the problem, not a traceback."""

@@ -19,7 +19,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.app import PipelineConfig, run_app
+from specbeam.app import PipelineConfig, parse_shard, run_app
 from specbeam.inference import translate_texts
 
 log = logging.getLogger("specbeam.distill")
@@ -36,16 +36,6 @@ class DistillConfig(PipelineConfig):
 
 
 ConfigStore.instance().store(name="distill_schema", node=DistillConfig)
-
-
-def parse_shard(shard: str) -> tuple[int, int]:
-    try:
-        i, n = (int(x) for x in shard.split("/"))
-    except ValueError:
-        raise ValueError(f"shard={shard} is invalid: expected i/n, e.g. 0/4") from None
-    if not 0 <= i < n:
-        raise ValueError(f"shard={shard} is invalid: need 0 ≤ i < n")
-    return i, n
 
 
 def chunk_path(out: Path, chunk: int) -> Path:

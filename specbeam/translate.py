@@ -18,7 +18,7 @@ from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.app import PipelineConfig, run_app
+from specbeam.app import PipelineConfig, run_app, shard_range
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.inference import translate_texts
 from specbeam.textio import ResumableOutput, job_fingerprint, read_lines
@@ -32,6 +32,9 @@ class TranslateConfig(PipelineConfig):
     """Optional JSONL with one record of statistics per input line."""
     chunk_lines: int = 256
     """Lines translated, then written and flushed, at a time (the resume granularity)."""
+    shard: str = "0/1"
+    """i/n: translate only the i-th of n contiguous blocks of the input
+    (scripts/merge_shards.py joins the outputs)."""
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
 
@@ -41,8 +44,10 @@ ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
 
 def translate(cfg: TranslateConfig) -> None:
     tokenizer, generator = cfg.build()
-    lines = read_lines(cfg.input, cfg.input_errors)
-    job = job_fingerprint(cfg.input, (cfg.task, cfg.model, cfg.decoding))
+    every_line = read_lines(cfg.input, cfg.input_errors)
+    first, end = shard_range(cfg.shard, len(every_line))
+    lines = every_line[first:end]
+    job = job_fingerprint(cfg.input, (cfg.task, cfg.model, cfg.decoding, cfg.shard))
     out = ResumableOutput(cfg.output, job)
     stats = ResumableOutput(cfg.stats_file, job) if cfg.stats_file else None
     if stats is not None:
@@ -54,7 +59,7 @@ def translate(cfg: TranslateConfig) -> None:
     )
     try:
         for begin in range(out.done, len(lines), cfg.chunk_lines):
-            texts, records = translate_chunk(cfg, tokenizer, generator, lines, begin)
+            texts, records = translate_chunk(cfg, tokenizer, generator, lines, begin, first)
             if stats is not None:
                 stats.write([json.dumps(r) for r in records])
             out.write(texts)
@@ -81,11 +86,13 @@ def translate_chunk(
     generator: Seq2SeqGenerator,
     lines: list[str],
     begin: int,
+    line_offset: int,
 ) -> tuple[list[str], list[dict]]:
-    """Translates lines [begin, begin + chunk_lines): output lines and per-line records."""
+    """Translates lines [begin, begin + chunk_lines): output lines and per-line records
+    (numbered in the whole input: this shard starts after `line_offset` lines)."""
     chunk = lines[begin : begin + cfg.chunk_lines]
     todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
-    records = [{"line": begin + i + 1, "blank": True} for i in range(len(chunk))]
+    records = [{"line": line_offset + begin + i + 1, "blank": True} for i in range(len(chunk))]
     last = time.perf_counter()
 
     def on_batch(batch: list[int], result: SequenceGeneratorOutput) -> None:
@@ -93,7 +100,7 @@ def translate_chunk(
         now = time.perf_counter()
         for row, i in enumerate(batch):
             record = {
-                "line": begin + todo[i] + 1,
+                "line": line_offset + begin + todo[i] + 1,
                 "batch_size": len(batch),
                 "batch_seconds": now - last,
             }

@@ -122,3 +122,44 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
     assert f"resuming {output} after line {done}" in resumed.stderr
     assert output.read_bytes() == reference.read_bytes()
     assert not partial.exists()
+
+
+def test_shards_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
+    # One sentence per batch: fairseq2's length cap (a × longest source in the batch + b)
+    # makes capped outputs depend on batch company, and untrained models always hit it.
+    alone = "hardware.batch_tokens=1"
+    whole = tmp_path / "whole.en"
+    assert run(tmp_path, f"input={source_file}", f"output={whole}", alone).returncode == 0
+    shards = [tmp_path / f"part{i}.en" for i in range(3)]
+    for i, shard in enumerate(shards):
+        result = run(tmp_path, f"input={source_file}", f"output={shard}", f"shard={i}/3", alone)
+        assert result.returncode == 0, result.stderr
+    merged = tmp_path / "merged.en"
+    cmd = [
+        sys.executable,
+        "scripts/merge_shards.py",
+        "--input",
+        str(source_file),
+        "--output",
+        str(merged),
+        *map(str, shards),
+    ]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert merged.read_bytes() == whole.read_bytes()
+
+    shards[1].write_text("one line too few\n")
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "shard 1/3" in result.stderr and "expected 2" in result.stderr
+
+
+def test_local_multirun_with_joblib_launcher(tmp_path, source_file) -> None:
+    """A sweep over decodings in parallel local jobs: `-m hydra/launcher=joblib`."""
+    cmd = [sys.executable, "-m", "specbeam.translate", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+           "model=tiny_random", "hardware.threads=1", "decoding.max_gen_len=[0.5,4]", "decoding=beam,spec_beam",
+           f"input={source_file}", f"output={tmp_path}/out_${{decoding.name}}.en", f"hydra.sweep.dir={tmp_path}/sweep"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    beam, spec = (tmp_path / f"out_{name}.en" for name in ("beam", "spec_beam"))
+    assert beam.read_text().count("\n") == len(LINES)
+    assert beam.read_bytes() == spec.read_bytes()
