@@ -40,7 +40,6 @@ class SpeculativeKVCache:
         self.lens = torch.zeros(num_sources, dtype=torch.int64, device=device)  # cached positions
         self.width = 0  # max(lens): where the speculative slots start, in positions
         self.spec_len = 0  # speculative slots written since the last commit
-        self.peak_bytes = self.nbytes()
 
     def nbytes(self) -> int:
         return self.buf.numel() * self.buf.element_size()

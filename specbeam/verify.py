@@ -38,7 +38,6 @@ class Verification:
 class Verifier:
     def __init__(self, decoder: TreeDecoder) -> None:
         self.decoder = decoder
-        self.passes = 0
 
     def verify(self, chains: Tensor, chain_len: Tensor, tree: DraftTree) -> Verification:
         """chains: (S, n, c) pending tokens per hypothesis (the root last)."""
@@ -51,7 +50,6 @@ class Verifier:
         # All slots in one projection: at small batches it is bound by reading the
         # (V, M) weights, so projecting per replay step would read them τ times.
         logits = self.decoder.logits(hidden)
-        self.passes += 1
         return Verification(table, chain_slots, node_slots, logits)
 
     def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
