@@ -25,13 +25,24 @@ def translate_texts(
     *,
     max_tokens: int = 2048,
     on_batch: Callable[[list[int], SequenceGeneratorOutput], None] | None = None,
+    on_truncate: Callable[[list[int]], None] | None = None,
 ) -> list[str]:
-    """Translates in length-sorted batches and returns the outputs in input order."""
+    """Translates in length-sorted batches and returns the outputs in input order.
+
+    A source longer than the model accepts is cut to its first tokens (its end-of-sentence
+    kept) and translated; `on_truncate` gets the indices of such sources.
+    """
     encode = tokenizer.create_encoder(lang=src_lang, mode="source")
     decode = tokenizer.create_decoder(skip_special_tokens=True)
     pad_idx = tokenizer.vocab_info.pad_idx or 0
     prompt = target_prompt(tokenizer, tgt_lang)
+    limit = generator.model.max_source_seq_len
     tokens = [encode(s) for s in sources]
+    long = [i for i, t in enumerate(tokens) if len(t) > limit]
+    for i in long:
+        tokens[i] = torch.cat([tokens[i][: limit - 1], tokens[i][-1:]])
+    if long and on_truncate is not None:
+        on_truncate(long)
     outputs = [""] * len(sources)
     for batch in token_batches([len(t) for t in tokens], max_tokens):
         src, src_layout = pad([tokens[i] for i in batch], pad_idx)

@@ -8,6 +8,7 @@ python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam searc
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from specbeam.app import PipelineConfig, run_app, shard_range
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.inference import translate_texts
 from specbeam.textio import ResumableOutput, job_fingerprint, read_lines
+
+log = logging.getLogger("specbeam.translate")
 
 
 @dataclass(kw_only=True)
@@ -111,9 +114,19 @@ def translate_chunk(
             records[todo[i]] = record
         last = now
 
+    def on_truncate(indices: list[int]) -> None:
+        numbers = ", ".join(str(line_offset + begin + todo[i] + 1) for i in indices)
+        limit = generator.model.max_source_seq_len
+        log.warning(
+            "lines %s exceed the model's %d source tokens; translated their first %d",
+            numbers,
+            limit,
+            limit,
+        )
+
     translations = translate_texts(
         generator, tokenizer, [chunk[i] for i in todo], cfg.task.src_lang, cfg.task.tgt_lang,
-        max_tokens=cfg.hardware.batch_tokens, on_batch=on_batch,
+        max_tokens=cfg.hardware.batch_tokens, on_batch=on_batch, on_truncate=on_truncate,
     )  # fmt: skip
     texts = [""] * len(chunk)
     for i, text in zip(todo, translations, strict=True):

@@ -163,3 +163,14 @@ def test_local_multirun_with_joblib_launcher(tmp_path, source_file) -> None:
     beam, spec = (tmp_path / f"out_{name}.en" for name in ("beam", "spec_beam"))
     assert beam.read_text().count("\n") == len(LINES)
     assert beam.read_bytes() == spec.read_bytes()
+
+
+def test_overlong_line_is_truncated_with_a_warning(tmp_path) -> None:
+    source = tmp_path / "long.es"
+    source.write_text("Hola.\n" + "palabra " * 300 + "\nAdiós.\n", encoding="utf-8")
+    out = tmp_path / "long.en"
+    small = ["model.random_target_arch.max_seq_len=64", "model.random_draft_arch.max_seq_len=64"]
+    result = run(tmp_path, f"input={source}", f"output={out}", *small)
+    assert result.returncode == 0, result.stderr
+    assert "lines 2 exceed the model's 64 source tokens" in result.stderr
+    assert out.read_text(encoding="utf-8").count("\n") == 3
