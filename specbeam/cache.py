@@ -91,7 +91,8 @@ class SpeculativeKVCache:
 
     def bytes_held(self) -> int:
         """Bytes of keys/values that are live (prefixes), not the reserved capacity."""
-        per_position = self.buf[:, :, 0, 0].numel() * self.buf.element_size()
+        layers, kv, _, _, k, heads, dim = self.buf.shape
+        per_position = layers * kv * k * heads * dim * self.buf.element_size()
         return int(self.lens.sum()) * per_position
 
 

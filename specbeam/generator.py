@@ -195,7 +195,7 @@ class _Op:
         num_sources, prompt_len = prompts.shape
         width = k if gen._draft_strategy == "linear" else gen._draft_width
         self.rules = ScoringRules(
-            eos_idx=int(vocab.eos_idx),  # type: ignore[arg-type]
+            eos_idx=int(vocab.eos_idx),
             pad_idx=vocab.pad_idx,
             unk_idx=vocab.unk_idx,
             unk_penalty=gen._unk_penalty,
@@ -228,14 +228,18 @@ class _Op:
             prompt_len,
             gen._echo_prompt,
             gen._normalize_scores,
-            gen._len_penalty,  # type: ignore[arg-type]
+            gen._len_penalty,
         )
         self.acceptor = ExactBeamAcceptor(self.rules, k, finish)
         self.state = BeamState.start(prompts, k, max_seq_len)
         self.prompts = prompts
         self.output: list[list] = [[] for _ in range(num_sources)]
+        # The caches are allocated once here and only shrink, so this is their peak.
         self.stats = SpecStats(
-            passes_per_source=[0] * num_sources, steps_per_source=[0] * num_sources
+            passes_per_source=[0] * num_sources,
+            steps_per_source=[0] * num_sources,
+            peak_target_cache_bytes=target.cache.nbytes(),
+            peak_draft_cache_bytes=draft.cache.nbytes(),
         )
 
     def __call__(self) -> SpeculativeGeneratorOutput:
@@ -260,7 +264,6 @@ class _Op:
                 state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
             )
             stats.verified_slots += verification.logits.shape[0] * verification.logits.shape[1]
-            self._track_cache_peaks()
             chains = acceptance.roots[..., None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)
             if acceptance.done.any():
@@ -277,16 +280,7 @@ class _Op:
             prefill_size=self.prompts.numel(),
             num_generated_elements=stats.steps * self.acceptor.k,
             generation_time=time.perf_counter() - started,
-            cache_size=stats.peak_target_cache_bytes,
-            cache_capacity=self.verifier.decoder.cache.nbytes(),
+            cache_size=self.verifier.decoder.cache.bytes_held(),
+            cache_capacity=stats.peak_target_cache_bytes,
         )
         return SpeculativeGeneratorOutput(self.output, counters, stats)
-
-    def _track_cache_peaks(self) -> None:
-        stats = self.stats
-        stats.peak_target_cache_bytes = max(
-            stats.peak_target_cache_bytes, self.verifier.decoder.cache.nbytes()
-        )
-        stats.peak_draft_cache_bytes = max(
-            stats.peak_draft_cache_bytes, self.drafter.decoder.cache.nbytes()
-        )

@@ -130,3 +130,12 @@ def test_rollback_then_redecode_equals_fresh_pass(tiny_target) -> None:
         assert torch.allclose(
             log_softmax(logits[s, 0], -1), full_pass_lprobs(tiny_target, srcs[s], path), atol=1e-5
         )
+
+
+def test_bytes_held_counts_live_positions_only() -> None:
+    cache = labelled_cache(2, 3, [4, 1], 0)
+    per_position = 2 * 3 * 1 * 3 * 4  # K/V × hypotheses × heads × head dim × fp32 bytes
+    assert cache.bytes_held() == 5 * per_position
+    assert cache.nbytes() == 2 * 16 * per_position
+    cache.select_sources(torch.tensor([], dtype=torch.int64))
+    assert cache.bytes_held() == 0
