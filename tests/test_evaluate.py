@@ -32,3 +32,20 @@ def test_evaluate_side_by_side(tmp_path) -> None:
     assert (out / "speedup_tau.png").stat().st_size > 0 and (
         out / "throughput.png"
     ).stat().st_size > 0
+
+
+def test_slurm_launcher_config_composes() -> None:
+    """The documented cluster preset resolves to submitit's SLURM launcher (not launched)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "specbeam.evaluate",
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=cpu",
+        "--cfg",
+        "hydra",
+    ]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "hydra_submitit_launcher.submitit_launcher.SlurmLauncher" in result.stdout
+    assert "partition: cpu" in result.stdout and "cpus_per_task: 8" in result.stdout
