@@ -210,9 +210,11 @@ class _Op:
         target = TreeDecoder(
             gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity
         )
+        shared = gen.draft_model.encoder is gen.model.encoder
         draft = TreeDecoder(
-            gen.draft_model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity
-        )
+            gen.draft_model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity,
+            encoder_output=target.encoder_output if shared else None,
+        )  # fmt: skip
         self.verifier = Verifier(target)
         self.drafter = Drafter(
             draft,

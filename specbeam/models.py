@@ -5,11 +5,17 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import torch
-from fairseq2.models.nllb import NllbConfig, create_nllb_model
-from fairseq2.models.transformer import TransformerModel
+from fairseq2.models.nllb import NllbConfig, NllbFactory, create_nllb_model
+from fairseq2.models.transformer import (
+    IdentityBias,
+    MultiheadAttention,
+    StandardMultiheadAttention,
+    TransformerModel,
+    create_default_sdpa,
+)
 
 from specbeam.paths import REPO_ROOT
 
@@ -45,6 +51,48 @@ class ModelArch:
 
 def build_model(arch: ModelArch) -> TransformerModel:
     return create_nllb_model(arch.to_nllb_config())
+
+
+@final
+class _ShallowDraftFactory(NllbFactory):
+    """NLLB layers of the draft's size whose cross-attention reads wider encoder states."""
+
+    def __init__(self, config: NllbConfig, encoder_dim: int) -> None:
+        super().__init__(config)
+        self._encoder_dim = encoder_dim
+
+    def create_encoder_decoder_attention(self) -> MultiheadAttention:
+        sdpa = create_default_sdpa(IdentityBias())
+        heads = self._config.num_decoder_attn_heads
+        return StandardMultiheadAttention(
+            self._config.model_dim, heads, sdpa, kv_dim=self._encoder_dim
+        )
+
+
+def build_shallow_draft(target: TransformerModel, arch: ModelArch) -> TransformerModel:
+    """A draft decoder (of `arch`'s size) over the target's own encoder: the encoder
+    modules are shared, so the draft never encodes and needs no encoder weights."""
+    config = arch.to_nllb_config()
+    factory = _ShallowDraftFactory(config, target.model_dim)
+    embed = factory.create_embedding()
+    return TransformerModel(
+        config.model_dim, target.encoder_frontend, target.encoder, factory.create_frontend(embed),
+        factory.create_decoder(), factory.create_final_projection(embed), config.pad_idx,
+        config.max_seq_len, config.max_seq_len,
+    )  # fmt: skip
+
+
+def cast_draft(
+    draft: TransformerModel, target: TransformerModel, dtype: torch.dtype
+) -> TransformerModel:
+    """Casts the draft's own modules; an encoder it shares with the target keeps the
+    target's precision (verification must stay fp32)."""
+    if draft.encoder is not target.encoder:
+        draft.encoder_frontend.to(dtype)
+        draft.encoder.to(dtype)
+    for module in (draft.decoder_frontend, draft.decoder, draft.final_proj):
+        module.to(dtype)
+    return draft
 
 
 def num_parameters(model: torch.nn.Module) -> int:
@@ -97,8 +145,10 @@ def load_pair(
     if with_draft:
         if cfg.draft is None:
             raise ValueError(f"model={cfg.name} has no draft, but a speculative decoding needs one")
-        draft = _load_one(cfg.draft, cfg.random_draft_arch, root, vocab_size, seed=1).to(
-            draft_dtype
+        draft = cast_draft(
+            _load_one(cfg.draft, cfg.random_draft_arch, root, vocab_size, seed=1),
+            target,
+            draft_dtype,
         )
         check_same_vocabulary(target, draft)
     return target, draft

@@ -122,7 +122,10 @@ class TreeDecoder:
         *,
         hyps_per_source: int,
         capacity: int,
+        encoder_output: Tensor | None = None,
     ) -> None:
+        """`encoder_output` skips encoding: a draft that reads its target's encoder
+        output gets it from the target's decoder instead of encoding again."""
         frontend = model.decoder_frontend
         if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
             frontend.pos_encoder, SinusoidalPositionEncoder
@@ -131,12 +134,14 @@ class TreeDecoder:
                 "specbeam needs a decoder front-end with token embeddings and sinusoidal positions"
             )
         self.model = model
-        self.dtype = dtype = next(model.parameters()).dtype
+        self.dtype = dtype = next(model.decoder.parameters()).dtype
         self.bias = TreeBias()
         self._tree_sdpas = [TorchSDPA(self.bias) for _ in model.decoder.layers]
         self.num_positions = frontend.pos_encoder.max_seq_len
-        encoded, layout = model.encoder_frontend(source_seqs, source_layout)
-        self.encoder_output = model.encoder(encoded, layout)
+        if encoder_output is None:
+            encoded, layout = model.encoder_frontend(source_seqs, source_layout)
+            encoder_output = model.encoder(encoded, layout)
+        self.encoder_output = encoder_output.to(dtype)
         self.encoder_seq_lens = list(source_layout.seq_lens)
         layers = list(model.decoder.layers)
         attn = layers[0].self_attn

@@ -19,7 +19,8 @@ from fairseq2.generation.step_processor import NGramRepeatBlockProcessor
 
 from specbeam.data import pad
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from tests.conftest import NLLB_PROMPT, PROMPT, sources
+from specbeam.models import build_shallow_draft
+from tests.conftest import DRAFT_ARCH, NLLB_PROMPT, PROMPT, sources
 
 SCORE_TOL = 1e-5
 
@@ -210,3 +211,22 @@ def test_bfloat16_draft_keeps_output_exact(tiny_target, tiny_draft, vocab_info) 
         result = run_both(case, tiny_target, draft, vocab_info)
         if result is not None:
             assert_same(*result)
+
+
+def test_shallow_draft_reuses_the_target_encoder(tiny_target, vocab_info) -> None:
+    """A draft decoder over the target's encoder: exact, and the source is encoded once."""
+    target = copy.deepcopy(tiny_target)
+    torch.manual_seed(5)
+    draft = build_shallow_draft(target, DRAFT_ARCH).eval()
+    calls = []
+    handle = target.encoder.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        for seed in range(400, 405):
+            case = Case.draw(seed)
+            calls.clear()
+            result = run_both(case, target, draft, vocab_info)
+            if result is not None:
+                assert_same(*result)
+                assert len(calls) == 2  # once for fairseq2's beam search, once for ours
+    finally:
+        handle.remove()
