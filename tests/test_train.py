@@ -1,0 +1,41 @@
+"""The training app: epochs with dev BLEU, checkpoints, and resuming a stopped run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from specbeam.models import load_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "specbeam.train", "arch=draft_small", "arch.model_dim=32",
+           "arch.num_attn_heads=2", "arch.ffn_inner_dim=64", "threads=1", "max_tokens=1500",
+           "bf16=false", f"task.data_dir={tmp_path}/data", f"out_dir={tmp_path}/out",
+           f"hydra.run.dir={tmp_path}/hydra", *overrides]  # fmt: skip
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_train_checkpoints_and_resumes(tmp_path) -> None:
+    rows = (REPO / "tasks/bible_es_en/data/dev.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/train.tsv").write_text("\n".join(rows[:60]) + "\n", encoding="utf-8")
+    (tmp_path / "data/dev.tsv").write_text("\n".join(rows[60:66]) + "\n", encoding="utf-8")
+
+    first = run(tmp_path, "max_epochs=2")
+    assert first.returncode == 0, first.stderr
+    history = json.loads((tmp_path / "out/history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert history[1]["train_loss"] < history[0]["train_loss"]
+    model = load_model(tmp_path / "out/best.pt")
+    assert model.model_dim == 32
+
+    second = run(tmp_path, "max_epochs=3")
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stderr and "at epoch 2 batch 0" in second.stderr
+    history = json.loads((tmp_path / "out/history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3]
