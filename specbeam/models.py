@@ -107,16 +107,48 @@ def atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_model(model: TransformerModel, arch: ModelArch, path: Path, dtype: torch.dtype) -> None:
-    state = {k: v.to(dtype) for k, v in model.state_dict().items()}
-    atomic_save({"arch": asdict(arch), "model": state}, path)
+_ENCODER_KEYS = ("encoder_frontend.", "encoder.")
 
 
-def load_model(path: Path, dtype: torch.dtype = torch.float32) -> TransformerModel:
+def save_model(
+    model: TransformerModel,
+    arch: ModelArch,
+    path: Path,
+    dtype: torch.dtype,
+    *,
+    shares_encoder: bool = False,
+) -> None:
+    """A draft that shares its target's encoder is saved without it."""
+    state = {
+        k: v.to(dtype)
+        for k, v in model.state_dict().items()
+        if not (shares_encoder and k.startswith(_ENCODER_KEYS))
+    }
+    atomic_save({"arch": asdict(arch), "shares_encoder": shares_encoder, "model": state}, path)
+
+
+def load_model(
+    path: Path, dtype: torch.dtype = torch.float32, *, target: TransformerModel | None = None
+) -> TransformerModel:
+    """Loads a checkpoint of `save_model`; a draft saved without its encoder is rebuilt
+    over `target`'s (and keeps that encoder's precision)."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = build_model(ModelArch(**ckpt["arch"]))
-    model.load_state_dict({k: v.to(dtype) for k, v in ckpt["model"].items()})
-    return model.to(dtype).eval()
+    arch = ModelArch(**ckpt["arch"])
+    if not ckpt.get("shares_encoder", False):
+        model = build_model(arch)
+        model.load_state_dict(ckpt["model"])
+        return model.to(dtype).eval()
+    if target is None:
+        raise ValueError(
+            f"{path} is a draft decoder over its target's encoder: load it as part of a model pair"
+        )
+    model = build_shallow_draft(target, arch)
+    missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
+    if unexpected or any(not k.startswith(_ENCODER_KEYS) for k in missing):
+        raise ValueError(
+            f"{path} does not fit a draft over this target (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    return cast_draft(model, target, dtype).eval()
 
 
 @dataclass(kw_only=True)
@@ -155,7 +187,12 @@ def load_pair(
 
 
 def _load_one(
-    spec: str, arch: ModelArch | None, root: Path, vocab_size: int, seed: int
+    spec: str,
+    arch: ModelArch | None,
+    root: Path,
+    vocab_size: int,
+    seed: int,
+    target: TransformerModel | None = None,
 ) -> TransformerModel:
     if spec == "random":
         if arch is None:
@@ -170,7 +207,7 @@ def _load_one(
             f"model checkpoint not found: {path} (tasks/bible_es_en/README.md says how to build "
             "the embedded pair; model=tiny_random runs the pipeline with untrained models)"
         )
-    return load_model(path)
+    return load_model(path, target=target)
 
 
 def check_same_vocabulary(target: TransformerModel, draft: TransformerModel) -> None:

@@ -24,7 +24,15 @@ from tqdm import tqdm
 
 from specbeam.data import TokenizedPair, pad, read_tsv, token_batches, tokenize_pairs
 from specbeam.inference import translate_texts
-from specbeam.models import ModelArch, atomic_save, build_model, num_parameters, save_model
+from specbeam.models import (
+    ModelArch,
+    atomic_save,
+    build_model,
+    build_shallow_draft,
+    load_model,
+    num_parameters,
+    save_model,
+)
 from specbeam.task import TaskConfig
 
 log = logging.getLogger("specbeam.train")
@@ -37,6 +45,9 @@ class TrainConfig:
     out_dir: str = "~/.cache/specbeam/target"
     train_targets: str | None = None
     """A TSV whose targets replace the references (sequence-level distillation)."""
+    shallow_over: str | None = None
+    """A target checkpoint: train only a draft decoder (of `arch`'s size) that reads this
+    target's frozen encoder."""
     max_tokens: int = 6000
     """Padded source + target tokens per batch."""
     lr: float = 8e-4
@@ -71,13 +82,29 @@ class Trainer:
             train_pairs, self.tokenizer, cfg.task.src_lang, cfg.task.tgt_lang
         )
         self.dev_pairs = cfg.task.split("dev")[: cfg.dev_sentences or None]
-        self.model = build_model(cfg.arch)
+        if cfg.shallow_over:
+            target = load_model(Path(cfg.shallow_over).expanduser())
+            target.requires_grad_(False)
+            self.model = build_shallow_draft(target, cfg.arch)
+        else:
+            self.model = build_model(cfg.arch)
         self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=(0.9, 0.98),
+            weight_decay=cfg.weight_decay,
         )
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.history: list[dict] = []
         self.best_bleu = -1.0
+
+    def train_mode(self) -> None:
+        """Dropout on, except in a frozen shared encoder: it must give the states the
+        draft will read at inference."""
+        self.model.train()
+        if self.cfg.shallow_over:
+            self.model.encoder_frontend.eval()
+            self.model.encoder.eval()
 
     def lr_at(self, step: int) -> float:
         warm = self.cfg.warmup_steps
@@ -155,7 +182,7 @@ class Trainer:
             generator, self.tokenizer, [p.source for p in self.dev_pairs],
             self.cfg.task.src_lang, self.cfg.task.tgt_lang, max_tokens=4096,
         )  # fmt: skip
-        self.model.train()
+        self.train_mode()
         return sacrebleu.corpus_bleu(hyps, [[p.target for p in self.dev_pairs]]).score
 
     def end_epoch(self, epoch_loss: float, epoch_seconds: float) -> None:
@@ -166,7 +193,10 @@ class Trainer:
         log.info("epoch %d: %s", self.epoch + 1, json.dumps(entry))
         if bleu > self.best_bleu:
             self.best_bleu = bleu
-            save_model(self.model, self.cfg.arch, self.out / "best.pt", torch.float32)
+            save_model(
+                self.model, self.cfg.arch, self.out / "best.pt", torch.float32,
+                shares_encoder=bool(self.cfg.shallow_over),
+            )  # fmt: skip
         (self.out / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
@@ -180,7 +210,7 @@ class Trainer:
             f"{num_parameters(self.model):,}",
             len(self.train),
         )
-        self.model.train()
+        self.train_mode()
         started = last_ckpt = time.monotonic()
         lengths = [len(p.source) + len(p.target) for p in self.train]
         while self.epoch < cfg.max_epochs:

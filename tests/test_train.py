@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specbeam.models import load_model
+import pytest
+import torch
+
+from specbeam.models import ModelArch, build_model, load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,3 +42,25 @@ def test_train_checkpoints_and_resumes(tmp_path) -> None:
     assert "resumed from" in second.stderr and "at epoch 2 batch 0" in second.stderr
     history = json.loads((tmp_path / "out/history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3]
+
+
+def test_shallow_draft_trains_over_a_frozen_target_encoder(tmp_path) -> None:
+    rows = (REPO / "tasks/bible_es_en/data/dev.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/train.tsv").write_text("\n".join(rows[:40]) + "\n", encoding="utf-8")
+    (tmp_path / "data/dev.tsv").write_text("\n".join(rows[40:44]) + "\n", encoding="utf-8")
+    target_arch = ModelArch(
+        model_dim=64, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=4, ffn_inner_dim=64
+    )
+    target = build_model(target_arch).eval()
+    save_model(target, target_arch, tmp_path / "target.pt", torch.float32)
+
+    result = run(tmp_path, "max_epochs=1", f"shallow_over={tmp_path}/target.pt")
+    assert result.returncode == 0, result.stderr
+    saved = torch.load(tmp_path / "out/best.pt", weights_only=True)
+    assert saved["shares_encoder"] and not any(k.startswith("encoder") for k in saved["model"])
+    target = load_model(tmp_path / "target.pt")
+    draft = load_model(tmp_path / "out/best.pt", target=target)
+    assert draft.encoder is target.encoder and draft.model_dim == 32
+    with pytest.raises(ValueError, match="draft decoder over its target's encoder"):
+        load_model(tmp_path / "out/best.pt")
