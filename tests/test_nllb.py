@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.generation.text import TextTranslator
 
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from specbeam.models import ModelArch, build_model
+from specbeam.models import build_model
 from specbeam.task import TaskConfig
+from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
 SENTENCES = [
     "En el principio crió Dios los cielos y la tierra.",
@@ -21,28 +24,8 @@ def test_text_translator_with_language_prefix_matches_beam_search() -> None:
     tokenizer = TaskConfig().load_tokenizer()  # NLLB family, langs spa_Latn and eng_Latn
     size = tokenizer.vocab_info.size
     torch.manual_seed(0)
-    target = build_model(
-        ModelArch(
-            model_dim=64,
-            num_encoder_layers=1,
-            num_decoder_layers=2,
-            num_attn_heads=4,
-            ffn_inner_dim=128,
-            vocab_size=size,
-            dropout_p=0.0,
-        )
-    ).eval()
-    draft = build_model(
-        ModelArch(
-            model_dim=32,
-            num_encoder_layers=1,
-            num_decoder_layers=1,
-            num_attn_heads=2,
-            ffn_inner_dim=64,
-            vocab_size=size,
-            dropout_p=0.0,
-        )
-    ).eval()
+    target = build_model(dataclasses.replace(TARGET_ARCH, vocab_size=size)).eval()
+    draft = build_model(dataclasses.replace(DRAFT_ARCH, vocab_size=size)).eval()
     settings = dict(beam_size=4, max_gen_len=(0.5, 6))
     outputs = {}
     for name, generator in {
