@@ -106,7 +106,7 @@ class Drafter:
         last = torch.where(deepest, _parent_id(tree, node), node)
         slot = torch.where(
             last < 0,
-            self.root_slots.gather(1, origin.clamp(max=self.root_slots.size(1) - 1)),
+            self.root_slots.gather(1, origin),
             chain + last,
         )
         rows = torch.arange(slot.size(0))[:, None]
