@@ -6,10 +6,17 @@ Strategies (the choice of children per depth; nothing else differs):
   every step of the target's beam search where the two models agree.
 - "linear": every live hypothesis extends its own greedy path (w = n); the right tree
   for greedy search, weak for beams (few steps keep each hypothesis on its greedy path).
+- "topm": every node branches into the draft's m best tokens for the first levels, and
+  only where the draft is unsure (its best token's probability below a threshold); the
+  w best of those by cumulative score stay. Branching where the draft is sure wastes
+  verified slots on children the target's beam will not take.
+Any strategy may prune nodes that score far below the k-th best of their level: the
+target's beam keeps k per step, so such nodes are unlikely to be on its path.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, final
 
 import torch
@@ -19,7 +26,46 @@ from specbeam.rules import ScoringRules
 from specbeam.tree import DraftTree
 from specbeam.tree_attention import SlotTable, TreeDecoder
 
-DraftStrategy = Literal["beam", "linear"]
+DraftStrategy = Literal["beam", "linear", "topm"]
+DRAFT_STRATEGIES: tuple[str, ...] = ("beam", "linear", "topm")
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """How the tree is drawn; exactness does not depend on it, only τ and cost."""
+
+    strategy: DraftStrategy = "beam"
+    depth: int = 4
+    width: int = 5
+    """beam, topm: nodes kept per level (linear: one per live hypothesis)."""
+    branch: int = 2
+    """topm: children per branching node."""
+    branch_depth: int = 1
+    """topm: levels that may branch; deeper levels continue greedily."""
+    branch_below: float = 1.0
+    """topm: branch only below nodes whose best draft token has probability < this."""
+    prune_margin: float | None = None
+    """Drop nodes whose cumulative draft score is more than this below the k-th best
+    of their level."""
+    max_nodes: int | None = None
+    """Keep each source's most likely nodes (by draft score)."""
+    beam_size: int = 5
+
+    def validate(self) -> None:
+        """Raises a ValueError naming the generator keyword that is out of range."""
+        checks = [
+            ("draft_strategy", self.strategy, self.strategy in DRAFT_STRATEGIES, f"one of {DRAFT_STRATEGIES}"),
+            ("gamma", self.depth, self.depth >= 1, "≥ 1"),
+            ("draft_width", self.width, self.width >= (self.beam_size if self.strategy == "beam" else 1), f"≥ beam_size ({self.beam_size})"),
+            ("draft_branch", self.branch, self.branch >= 1, "≥ 1"),
+            ("draft_branch_depth", self.branch_depth, self.branch_depth >= 0, "≥ 0"),
+            ("draft_branch_below", self.branch_below, 0.0 < self.branch_below <= 1.0, "in (0, 1]"),
+            ("draft_prune_margin", self.prune_margin, self.prune_margin is None or self.prune_margin >= 0, "≥ 0 or None"),
+            ("max_draft_nodes", self.max_nodes, self.max_nodes is None or self.max_nodes >= 1, "≥ 1 or None"),
+        ]  # fmt: skip
+        for name, value, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"`{name}` must be {allowed}, but is {value!r}.")
 
 
 @final
@@ -28,24 +74,13 @@ class Drafter:
     (accepted tokens the draft has not decoded yet, ending with the root)."""
 
     def __init__(
-        self,
-        decoder: TreeDecoder,
-        rules: ScoringRules,
-        prompt: Tensor,
-        *,
-        strategy: DraftStrategy,
-        depth: int,
-        width: int,
-        max_nodes: int | None = None,
+        self, decoder: TreeDecoder, rules: ScoringRules, prompt: Tensor, shape: DraftShape
     ) -> None:
         num_sources = decoder.cache.lens.size(0)
         k = decoder.cache.k
         self.decoder = decoder
         self.rules = rules
-        self.strategy = strategy
-        self.depth = depth
-        self.width = width
-        self.max_nodes = max_nodes
+        self.shape = shape
         # (S, k, c) right-aligned pending chains; all hypotheses of a source share c.
         self.pending = prompt.expand(num_sources, k, -1).clone()
         self.pending_len = torch.full((num_sources,), prompt.size(-1), dtype=torch.int64)
@@ -53,11 +88,14 @@ class Drafter:
         self.root_slots: Tensor | None = None
         self.passes = 0
 
-    def propose(self, scores: Tensor, n: int) -> DraftTree:
-        """scores: (S, n) target scores of the live hypotheses."""
-        dec, depth = self.decoder, self.depth
+    def width(self, n: int) -> int:
+        return n if self.shape.strategy == "linear" else self.shape.width
+
+    def propose(self, scores: Tensor, n: int, depth: int | None = None) -> DraftTree:
+        """scores: (S, n) target scores of the live hypotheses; depth: this pass's levels."""
+        dec, depth = self.decoder, depth or self.shape.depth
         num_sources, c = scores.size(0), self.pending.size(-1)
-        width = n if self.strategy == "linear" else self.width
+        width = self.width(n)
         table = SlotTable(num_sources, n * c + (depth - 1) * width, scores.device)
         roots = table.add_chains(self.pending[:, :n], self.pending_len, dec.cache.lens)
         hidden = dec.forward(*table.query(0, table.size))
@@ -69,7 +107,10 @@ class Drafter:
             lprobs[..., self.rules.eos_idx] = -torch.inf  # a finished hypothesis needs no draft
             if self.rules.pad_idx is not None:
                 lprobs[..., self.rules.pad_idx] = -torch.inf
-            score, parent, token = self._children(cum[..., None] + lprobs, width)
+            score, parent, token = children(self.shape, cum[..., None] + lprobs, width, d)
+            if self.shape.prune_margin is not None:
+                kth = score.topk(min(self.shape.beam_size, score.size(1)), dim=1).values[:, -1:]
+                score = score.masked_fill(score < kth - self.shape.prune_margin, -torch.inf)
             tokens.append(token)
             parents.append(parent)
             node_scores.append(score)
@@ -82,16 +123,7 @@ class Drafter:
         self.table, self.root_slots = table, roots
         self.passes += depth
         tree = DraftTree(*(torch.stack(x, 1) for x in (tokens, parents, valid, node_scores)))
-        return tree if self.max_nodes is None else tree.limit(self.max_nodes)
-
-    def _children(self, cand: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
-        """cand: (S, m, V) cumulative scores -> score, parent index, token; each (S, width)."""
-        num_sources, m, vocab = cand.shape
-        if self.strategy == "linear":
-            score, token = cand.max(-1)
-            return score, torch.arange(m).expand(num_sources, m), token
-        score, index = cand.flatten(1).topk(min(width, m * vocab))
-        return score, index // vocab, index % vocab
+        return tree if self.shape.max_nodes is None else tree.limit(self.shape.max_nodes)
 
     def commit(self, origin: Tensor, node: Tensor, roots: Tensor, tree: DraftTree) -> None:
         """origin, node, roots: (S, k), see `Acceptance`. The draft has decoded every
@@ -102,7 +134,7 @@ class Drafter:
             tree.width,
             self.root_slots.size(1) * self.pending.size(-1),
         )
-        deepest = node >= (self.depth - 1) * width
+        deepest = node >= (tree.depth - 1) * width
         last = torch.where(deepest, _parent_id(tree, node), node)
         slot = torch.where(
             last < 0,
@@ -120,6 +152,42 @@ class Drafter:
         self.decoder.select_sources(keep)
         self.pending = self.pending.index_select(0, keep)
         self.pending_len = self.pending_len.index_select(0, keep)
+
+
+def children(shape: DraftShape, cand: Tensor, width: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The nodes of level d: cand (S, m, V) cumulative scores of the m parents' children ->
+    score, parent index, token; each (S, width)."""
+    num_sources, m, vocab = cand.shape
+    strategy = shape.strategy
+    if strategy == "linear" or (strategy == "topm" and d >= shape.branch_depth):
+        score, token = cand.max(-1)
+        return _best(score, torch.arange(m).expand(num_sources, m), token, width)
+    if strategy == "beam":
+        score, index = cand.flatten(1).topk(min(width, m * vocab))
+        return score, index // vocab, index % vocab
+    branch = min(shape.branch, vocab)
+    score, token = cand.topk(branch, dim=-1)  # (S, m, branch)
+    if shape.branch_below < 1.0:
+        # The parent's score cancels: this is the draft's probability of its best token.
+        sure = (score[..., 0] - cand.logsumexp(-1)).exp() >= shape.branch_below
+        score[..., 1:] = score[..., 1:].masked_fill(sure[..., None], -torch.inf)
+    parent = torch.arange(m)[:, None].expand(num_sources, m, branch)
+    return _best(score.flatten(1), parent.flatten(1), token.flatten(1), width)
+
+
+def _best(
+    score: Tensor, parent: Tensor, token: Tensor, width: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The `width` best of (S, c) candidates, padded with invalid ones to exactly `width`."""
+    if score.size(1) > width:
+        score, keep = score.topk(width, dim=1)
+        return score, parent.gather(1, keep), token.gather(1, keep)
+    pad = width - score.size(1)
+    if pad == 0:
+        return score, parent, token
+    fill = score.new_full((score.size(0), pad), -torch.inf)
+    zeros = parent.new_zeros((score.size(0), pad))
+    return torch.cat([score, fill], 1), torch.cat([parent, zeros], 1), torch.cat([token, zeros], 1)
 
 
 def _parent_id(tree: DraftTree, node: Tensor) -> Tensor:

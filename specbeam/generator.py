@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from specbeam.accept import ExactBeamAcceptor
 from specbeam.beam import BeamState, HypothesisFactory
-from specbeam.draft import Drafter, DraftStrategy
+from specbeam.draft import Drafter, DraftShape, DraftStrategy
 from specbeam.rules import ScoringRules
 from specbeam.stats import SpecStats
 from specbeam.tree_attention import TreeDecoder
@@ -48,8 +48,12 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     """fairseq2's `BeamSearchSeq2SeqGenerator` plus a draft model; same output.
 
     The draft runs a beam search of width `draft_width` (default: `beam_size`) for `gamma`
-    steps from the live hypotheses ("beam"), or extends each one greedily ("linear");
-    `max_draft_nodes` keeps each source's most likely drafted nodes for verification.
+    steps from the live hypotheses ("beam"), extends each one greedily ("linear"), or
+    branches into its `draft_branch` best tokens for `draft_branch_depth` levels where its
+    best token's probability is below `draft_branch_below` ("topm", keeping `draft_width`
+    nodes per level, default beam_size × draft_branch). `draft_prune_margin` drops nodes
+    scoring that far below the level's k-th best; `max_draft_nodes` keeps each source's
+    most likely drafted nodes for verification. None of these changes the output.
 
     `prefill_chunk_size` and `decode_capacity_increment` are accepted for drop-in
     compatibility: the prompt is decoded in the first verification pass, and the caches
@@ -79,6 +83,10 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         draft_strategy: DraftStrategy = "beam",
         draft_width: int | None = None,
         max_draft_nodes: int | None = None,
+        draft_branch: int = 2,
+        draft_branch_depth: int = 1,
+        draft_branch_below: float = 1.0,
+        draft_prune_margin: float | None = None,
     ) -> None:
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
@@ -90,17 +98,20 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             raise ValueError(f"`beam_size` must be ≥ 1, but is {beam_size}.")
         if min_gen_len < 1:
             raise ValueError(f"`min_gen_len` must be ≥ 1, but is {min_gen_len}.")
-        if gamma < 1:
-            raise ValueError(f"`gamma` (draft depth) must be ≥ 1, but is {gamma}.")
-        if draft_strategy not in ("beam", "linear"):
-            raise ValueError(
-                f"`draft_strategy` must be 'beam' or 'linear', but is '{draft_strategy}'."
-            )
-        if max_draft_nodes is not None and max_draft_nodes < 1:
-            raise ValueError(f"`max_draft_nodes` must be ≥ 1 or None, but is {max_draft_nodes}.")
-        width = beam_size if draft_width is None else draft_width
-        if width < beam_size and draft_strategy == "beam":
-            raise ValueError(f"`draft_width` must be ≥ beam_size ({beam_size}), but is {width}.")
+        if draft_width is None:
+            draft_width = beam_size * (draft_branch if draft_strategy == "topm" else 1)
+        self._draft_shape = DraftShape(
+            strategy=draft_strategy,
+            depth=gamma,
+            width=draft_width,
+            branch=draft_branch,
+            branch_depth=draft_branch_depth,
+            branch_below=draft_branch_below,
+            prune_margin=draft_prune_margin,
+            max_nodes=max_draft_nodes,
+            beam_size=beam_size,
+        )
+        self._draft_shape.validate()
         model.eval()
         draft_model.eval()
         self._model = model
@@ -117,10 +128,6 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         self._unk_penalty = unk_penalty
         self._len_penalty = len_penalty
         self._step_processors = list(step_processors or [])
-        self._gamma = gamma
-        self._draft_strategy: DraftStrategy = draft_strategy
-        self._draft_width = width
-        self._max_draft_nodes = max_draft_nodes
 
     @property
     @override
@@ -191,9 +198,9 @@ class _Op:
         min_seq_len: int,
         max_seq_len: int,
     ) -> None:
-        vocab, k, gamma = gen._vocab_info, gen._beam_size, gen._gamma
+        vocab, k, shape = gen._vocab_info, gen._beam_size, gen._draft_shape
         num_sources, prompt_len = prompts.shape
-        width = k if gen._draft_strategy == "linear" else gen._draft_width
+        width = k if shape.strategy == "linear" else shape.width
         self.rules = ScoringRules(
             eos_idx=int(vocab.eos_idx),
             pad_idx=vocab.pad_idx,
@@ -205,7 +212,7 @@ class _Op:
             step_processors=gen._step_processors,
         )
         # Room for the longest sequence plus one pass's speculative slots.
-        spec_slots = k * max(prompt_len, 2) + gamma * width
+        spec_slots = k * max(prompt_len, 2) + shape.depth * width
         capacity = max_seq_len + -(-spec_slots // k) + 1
         target = TreeDecoder(
             gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity
@@ -216,15 +223,7 @@ class _Op:
             encoder_output=target.encoder_output if shared else None,
         )  # fmt: skip
         self.verifier = Verifier(target)
-        self.drafter = Drafter(
-            draft,
-            self.rules,
-            prompts[:, None, :],
-            strategy=gen._draft_strategy,
-            depth=gamma,
-            width=width,
-            max_nodes=gen._max_draft_nodes,
-        )
+        self.drafter = Drafter(draft, self.rules, prompts[:, None, :], shape)
         finish = HypothesisFactory(
             int(vocab.eos_idx),
             prompt_len,

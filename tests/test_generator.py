@@ -39,6 +39,7 @@ class Case:
     max_gen_len: tuple[float, int]
     prompt: torch.Tensor
     extra: dict
+    shape: dict
 
     @staticmethod
     def draw(seed: int) -> Case:
@@ -71,7 +72,23 @@ class Case:
             max_gen_len=rng.choice([(2.0, 5), (1.0, 3), (0.0, 9), (3.0, 10)]),
             prompt=rng.choice([PROMPT, NLLB_PROMPT]),
             extra=extra,
+            shape=Case.draw_shape(rng, beam),
         )
+
+    @staticmethod
+    def draw_shape(rng: random.Random, beam: int) -> dict:
+        """Tree strategies beyond the draft's beam search, and pruning (drawn last, so the
+        earlier draws of a seed stay what they were)."""
+        shape: dict = {}
+        if rng.random() < 0.3:
+            shape["draft_strategy"] = "topm"
+            shape["draft_branch"] = rng.randint(1, 3)
+            shape["draft_branch_depth"] = rng.randint(0, 2)
+            shape["draft_branch_below"] = rng.choice([1.0, 0.8, 0.5])
+            shape["draft_width"] = rng.choice([None, rng.randint(1, 3 * beam)])
+        if rng.random() < 0.2:
+            shape["draft_prune_margin"] = rng.choice([0.0, 1.0, 3.0])
+        return shape
 
 
 def run_both(case: Case, target, draft, vocab_info):
@@ -84,8 +101,10 @@ def run_both(case: Case, target, draft, vocab_info):
     )  # fmt: skip
     base_gen = BeamSearchSeq2SeqGenerator(target, vocab_info, **common)
     spec_gen = SpeculativeBeamSearchSeq2SeqGenerator(
-        target, draft, vocab_info, gamma=case.gamma, draft_strategy=case.strategy,
-        draft_width=case.draft_width, max_draft_nodes=case.max_draft_nodes, **common,
+        target, draft, vocab_info, **{
+            "gamma": case.gamma, "draft_strategy": case.strategy, "draft_width": case.draft_width,
+            "max_draft_nodes": case.max_draft_nodes, **case.shape, **common,
+        },
     )  # fmt: skip
     try:
         base = base_gen(src, src_layout, prompts, prompt_layout)
