@@ -34,7 +34,11 @@ class PipelineConfig:
             self.model, tokenizer.vocab_info.size, with_draft=self.decoding.speculative,
             draft_dtype=self.hardware.draft_torch_dtype,
         )  # fmt: skip
-        return tokenizer, make_generator(self.decoding, target, draft, tokenizer.vocab_info)
+        generator = make_generator(
+            self.decoding, target, draft, tokenizer.vocab_info,
+            memory_budget_bytes=self.hardware.memory_budget_bytes,
+        )  # fmt: skip
+        return tokenizer, generator
 
 
 def parse_shard(shard: str) -> tuple[int, int]:

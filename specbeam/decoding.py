@@ -50,7 +50,11 @@ def make_generator(
     target: Seq2SeqModel,
     draft: Seq2SeqModel | None,
     vocab_info: VocabularyInfo,
+    *,
+    memory_budget_bytes: int | None = None,
 ) -> Seq2SeqGenerator:
+    """`memory_budget_bytes` (hardware.memory_budget_mb) bounds speculative decoding only:
+    fairseq2's beam search sizes its own cache."""
     cfg.validate()
     common = dict(
         beam_size=cfg.beam_size,
@@ -66,5 +70,5 @@ def make_generator(
         raise ValueError(f"decoding={cfg.name} is speculative but the model pair has no draft")
     return SpeculativeBeamSearchSeq2SeqGenerator(
         target, draft, vocab_info, gamma=cfg.gamma, draft_strategy=cfg.draft_strategy,  # type: ignore[arg-type]
-        draft_width=cfg.draft_width, **common,
+        draft_width=cfg.draft_width, memory_budget_bytes=memory_budget_bytes, **common,
     )  # fmt: skip

@@ -179,9 +179,10 @@ def evaluate(cfg: EvaluateConfig) -> None:
     pairs = cfg.task.split(cfg.split)[: cfg.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     rows = []
+    vocab, budget = tokenizer.vocab_info, cfg.hardware.memory_budget_bytes
     for batch_size in cfg.batch_sizes:
         runs = [
-            MethodRun(d.name, make_generator(d, target, draft, tokenizer.vocab_info))
+            MethodRun(d.name, make_generator(d, target, draft, vocab, memory_budget_bytes=budget))
             for d in decodings
         ]
         run_side_by_side(

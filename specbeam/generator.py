@@ -7,9 +7,11 @@ verified log-probs, and both caches keep the accepted paths.
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import final
 
 import torch
@@ -32,10 +34,13 @@ from typing_extensions import override
 from specbeam.accept import ExactBeamAcceptor
 from specbeam.beam import BeamState, HypothesisFactory
 from specbeam.draft import Drafter, DraftShape, DraftStrategy
+from specbeam.memory import DecoderSize, fit_budget, source_bytes
 from specbeam.rules import ScoringRules
 from specbeam.stats import SpecStats
 from specbeam.tree_attention import TreeDecoder
 from specbeam.verify import Verifier
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,6 +63,10 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     `prefill_chunk_size` and `decode_capacity_increment` are accepted for drop-in
     compatibility: the prompt is decoded in the first verification pass, and the caches
     are preallocated once per call.
+
+    `memory_budget_bytes` bounds a call's KV caches and logits (`specbeam.memory`): a
+    batch that needs more is decoded in consecutive chunks of sources, with the same
+    output; if one source alone needs more, the draft gets shallower, then narrower.
     """
 
     def __init__(
@@ -78,6 +87,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         len_penalty: float = 1.0,
         prefill_chunk_size: int | None = 512,
         decode_capacity_increment: int | None = 16,
+        memory_budget_bytes: int | None = None,
         step_processors: Sequence[StepProcessor] | None = None,
         gamma: int = 4,
         draft_strategy: DraftStrategy = "beam",
@@ -128,6 +138,12 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         self._unk_penalty = unk_penalty
         self._len_penalty = len_penalty
         self._step_processors = list(step_processors or [])
+        if memory_budget_bytes is not None and memory_budget_bytes < 1:
+            raise ValueError(
+                f"`memory_budget_bytes` must be ≥ 1 or None, but is {memory_budget_bytes}."
+            )
+        self._memory_budget = memory_budget_bytes
+        self._warned_shrink = False
 
     @property
     @override
@@ -176,14 +192,75 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             )
         max_seq_len = min(self._max_seq_len, prompt_len + max_gen_len)
         min_seq_len = min(max_seq_len, prompt_len + self._min_gen_len)
-        return _Op(
-            self,
-            source_seqs,
-            source_seqs_layout,
-            prompt_seqs[:, :prompt_len],
-            min_seq_len,
-            max_seq_len,
-        )()
+        prompts = prompt_seqs[:, :prompt_len]
+        if self._memory_budget is None:
+            return _Op(self, source_seqs, source_seqs_layout, prompts, min_seq_len, max_seq_len)()
+        gen, size = self._fit_budget(len(source_seqs), prompt_len, max_seq_len)
+        # Every chunk keeps the whole batch's length limits (fairseq2 derives them from
+        # the batch's longest source), so chunking changes no output.
+        seq_lens = source_seqs_layout.seq_lens
+        outputs = [
+            _Op(gen, source_seqs[i : i + size], BatchLayout.of(source_seqs[i : i + size], seq_lens[i : i + size]),
+                prompts[i : i + size], min_seq_len, max_seq_len)()
+            for i in range(0, len(source_seqs), size)
+        ]  # fmt: skip
+        return outputs[0] if len(outputs) == 1 else _concatenate(outputs)
+
+    def _fit_budget(
+        self, num_sources: int, prompt_len: int, max_seq_len: int
+    ) -> tuple[SpeculativeBeamSearchSeq2SeqGenerator, int]:
+        """This generator, or a copy with a smaller draft if one source does not fit the
+        memory budget otherwise, and the number of sources per chunk."""
+        assert self._memory_budget is not None
+        k, shape = self._beam_size, self._draft_shape
+        linear = shape.strategy == "linear"
+        width = k if linear else shape.width
+        min_width = width if linear else k if shape.strategy == "beam" else 1
+        target, draft = DecoderSize.of(self._model), DecoderSize.of(self._draft_model)
+
+        def need(depth: int, width: int) -> int:
+            return source_bytes(
+                target, draft, k=k, prompt_len=prompt_len, max_seq_len=max_seq_len,
+                depth=depth, width=width,
+            ).total  # fmt: skip
+
+        fit = fit_budget(self._memory_budget, num_sources, need, shape.depth, width, min_width)
+        # Chunks of even size: the same number of chunks, a smaller peak.
+        size = -(-num_sources // -(-num_sources // fit.sources))
+        if (fit.depth, fit.width) == (shape.depth, width):
+            return self, size
+        if not self._warned_shrink:
+            log.warning(
+                "memory budget of %d bytes: one source needs %d bytes with gamma=%d and "
+                "draft_width=%d, so the draft shrinks to gamma=%d, draft_width=%d (same output)",
+                self._memory_budget, need(shape.depth, width), shape.depth, width, fit.depth,
+                fit.width,
+            )  # fmt: skip
+            self._warned_shrink = True
+        gen = copy.copy(self)
+        gen._draft_shape = replace(
+            shape, depth=fit.depth, width=shape.width if linear else fit.width
+        )
+        return gen, size
+
+
+def _concatenate(outputs: list[SpeculativeGeneratorOutput]) -> SpeculativeGeneratorOutput:
+    """One output from consecutive chunks' outputs. Chunks run one after another, so
+    the peak cache bytes are the largest chunk's; counters of work add up."""
+    stats, counters = SpecStats(), GenerationCounters()
+    hypotheses: list = []
+    for out in outputs:
+        hypotheses += out.hypotheses
+        stats.merge(out.stats)
+        stats.passes_per_source += out.stats.passes_per_source
+        stats.steps_per_source += out.stats.steps_per_source
+        c = out.counters
+        counters.prefill_size += c.prefill_size
+        counters.num_generated_elements += c.num_generated_elements
+        counters.generation_time += c.generation_time
+        counters.cache_size = max(counters.cache_size, c.cache_size)
+        counters.cache_capacity = max(counters.cache_capacity, c.cache_capacity)
+    return SpeculativeGeneratorOutput(hypotheses, counters, stats)
 
 
 class _Op:

@@ -1,10 +1,12 @@
-"""Hardware settings: device, threads, precision of drafting, batch size."""
+"""Hardware settings: device, threads, precision of drafting, batch size, memory."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from specbeam.memory import MB
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -18,6 +20,9 @@ class HardwareConfig:
     """Precision of the draft model; exactness does not depend on it (verification is fp32)."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""
+    memory_budget_mb: float = 0
+    """Speculative decoding keeps its KV caches and logits within this many MiB by
+    decoding a batch in chunks (same output), or a smaller draft; 0 = unlimited."""
 
     def apply(self) -> None:
         if self.device != "cpu":
@@ -30,8 +35,17 @@ class HardwareConfig:
             )
         if self.batch_tokens < 1:
             raise ValueError(f"hardware.batch_tokens={self.batch_tokens} is invalid: must be ≥ 1")
+        if self.memory_budget_mb < 0:
+            raise ValueError(
+                f"hardware.memory_budget_mb={self.memory_budget_mb} is invalid: must be ≥ 0 "
+                "(0 = unlimited)"
+            )
         torch.set_num_threads(self.threads)
 
     @property
     def draft_torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.draft_dtype]
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        return int(self.memory_budget_mb * MB) or None
