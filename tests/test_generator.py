@@ -249,3 +249,52 @@ def test_shallow_draft_reuses_the_target_encoder(tiny_target, vocab_info) -> Non
                 assert len(calls) == 2  # once for fairseq2's beam search, once for ours
     finally:
         handle.remove()
+
+
+def _generate(generator, srcs: list[torch.Tensor]):
+    src, src_layout = pad(srcs, 0)
+    prompts, prompt_layout = pad([NLLB_PROMPT] * len(srcs), 0)
+    return generator(src, src_layout, prompts, prompt_layout)
+
+
+def test_same_inputs_twice_give_identical_output(tiny_target, tiny_draft, vocab_info) -> None:
+    generator = SpeculativeBeamSearchSeq2SeqGenerator(
+        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, max_gen_len=(2.0, 5)
+    )
+    srcs = sources(seed=21, batch=5)
+    first, second = _generate(generator, srcs), _generate(generator, srcs)
+    for a, b in zip(first.hypotheses, second.hypotheses, strict=True):
+        assert [h.seq.tolist() for h in a] == [h.seq.tolist() for h in b]
+        assert [float(h.score) for h in a] == [float(h.score) for h in b]  # bit for bit
+        assert all(torch.equal(x.step_scores, y.step_scores) for x, y in zip(a, b, strict=True))
+    assert first.stats.passes_per_source == second.stats.passes_per_source
+
+
+def test_a_sentence_decodes_the_same_in_any_company(tiny_target, tiny_draft, vocab_info) -> None:
+    # fairseq2 caps generation at a × (longest source in the batch) + b, so a capped
+    # output depends on its batch. b = 60 puts the cap far beyond where this sentence's
+    # hypotheses end even alone (asserted below): it never binds, so any difference
+    # would come from the batch itself (padding, other rows, pass schedule).
+    max_gen_len = (1.0, 60)
+    sentence = sources(seed=31, batch=1)[0]
+    others = sources(seed=32, batch=7)
+    gen = torch.Generator().manual_seed(33)
+    long = torch.cat([torch.randint(4, 24, (30,), generator=gen), torch.tensor([3])])
+    batches = {
+        "alone": ([sentence], 0),
+        "batch of 8": ([*others[:3], sentence, *others[3:]], 3),
+        "long and short": ([long, others[0], sentence, long[10:]], 2),
+    }
+    generator = SpeculativeBeamSearchSeq2SeqGenerator(
+        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, max_gen_len=max_gen_len
+    )
+    reference = BeamSearchSeq2SeqGenerator(
+        tiny_target, vocab_info, beam_size=4, max_gen_len=max_gen_len
+    )
+    want = _generate(reference, [sentence]).hypotheses[0]
+    assert max(len(h.seq) for h in want) < len(sentence) + max_gen_len[1]
+    for company, (srcs, row) in batches.items():
+        got = _generate(generator, srcs).hypotheses[row]
+        assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want], company
+        for h, g in zip(want, got, strict=True):
+            assert abs(float(h.score) - float(g.score)) <= SCORE_TOL, company
