@@ -18,6 +18,7 @@ from fairseq2.generation import Hypothesis
 from torch import Tensor
 
 from specbeam.beam import BeamState, HypothesisFactory
+from specbeam.relax import Relaxation, relaxed_step
 from specbeam.rules import ScoringRules
 from specbeam.tree import DraftTree
 from specbeam.verify import Verification
@@ -34,11 +35,21 @@ class Acceptance:
 
 
 @final
-class ExactBeamAcceptor:
-    def __init__(self, rules: ScoringRules, beam_size: int, finish: HypothesisFactory) -> None:
+class BeamAcceptor:
+    """Exact by default; with a `Relaxation`, steps the target would take differently may
+    also continue (see specbeam/relax.py)."""
+
+    def __init__(
+        self,
+        rules: ScoringRules,
+        beam_size: int,
+        finish: HypothesisFactory,
+        relax: Relaxation | None = None,
+    ) -> None:
         self.rules = rules
         self.k = beam_size
         self.finish = finish
+        self.relax = relax
 
     def score_prompt(self, state: BeamState, verification: Verification, prompt: Tensor) -> None:
         """fairseq2's prefill: cumulative log-probs of the prompts (S, P), temperature only."""
@@ -94,24 +105,25 @@ class ExactBeamAcceptor:
                 )
             keep = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :k]
             parent, token, top = parent.gather(1, keep), token.gather(1, keep), top.gather(1, keep)
+            # Level j's id of each current hypothesis (its index below the roots).
+            key = origin if j == 0 else node - (j - 1) * width
+            go_on, child = _in_tree(tree, j, key.gather(1, parent), token)
+            if self.relax is not None and j < tree.depth and width >= k:
+                r = relaxed_step(self.relax, lprobs, scores, key, tree, j, k)
+                swap = (r.ok & ~go_on)[:, None]
+                parent, token = (
+                    torch.where(swap, r.parent, parent),
+                    torch.where(swap, r.token, token),
+                )
+                top, child = torch.where(swap, r.score, top), torch.where(swap, r.child, child)
+                go_on |= swap[:, 0]
+            go_on &= active & ~done
             new_seqs, new_step_scores = seqs[rows, parent], step_scores[rows, parent]
             # Sources that stopped earlier in this pass may run past the end; discarded below.
             at = step_nr.clamp(max=seqs.size(-1) - 1)[:, None, None].expand(-1, k, 1)
             new_seqs.scatter_(2, at, token[..., None])
             new_step_scores.scatter_(2, at, top[..., None])
             origin, parent_node = origin.gather(1, parent), node.gather(1, parent)
-            # Is every new hypothesis a node at tree level j (so its log-probs are verified)?
-            if j < tree.depth:
-                key = origin if j == 0 else parent_node - (j - 1) * width
-                match = (tree.parents[:, j, None, :] == key[..., None]) & (
-                    tree.tokens[:, j, None, :] == token[..., None]
-                )
-                match &= tree.valid[:, j, None, :]
-                go_on = active & ~done & match.any(-1).all(-1)
-                child = j * width + match.int().argmax(-1)
-            else:
-                go_on = torch.zeros_like(active)
-                child = parent_node
             stop = active & ~go_on & ~done
             final[0][stop], final[1][stop], final[2][stop] = (
                 origin[stop],
@@ -156,3 +168,15 @@ class ExactBeamAcceptor:
             hyps.append(self.finish(seqs[s, hyp], step_scores[s, hyp], top[s, rank], t))
             if len(hyps) == self.k:
                 done[s] = True
+
+
+def _in_tree(tree: DraftTree, j: int, key: Tensor, token: Tensor) -> tuple[Tensor, Tensor]:
+    """Is every new hypothesis (its parent's level-j key and token, each (S, k)) a node of
+    level j, so that its log-probs were verified? Also returns those nodes' ids."""
+    if j >= tree.depth:
+        return torch.zeros(key.size(0), dtype=torch.bool), key
+    match = (tree.parents[:, j, None, :] == key[..., None]) & (
+        tree.tokens[:, j, None, :] == token[..., None]
+    )
+    match &= tree.valid[:, j, None, :]
+    return match.any(-1).all(-1), j * tree.width + match.int().argmax(-1)

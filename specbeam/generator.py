@@ -31,10 +31,11 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from specbeam.accept import ExactBeamAcceptor
+from specbeam.accept import BeamAcceptor
 from specbeam.beam import BeamState, HypothesisFactory
 from specbeam.draft import Drafter, DraftShape, DraftStrategy
 from specbeam.memory import DecoderSize, fit_budget, source_bytes
+from specbeam.relax import Relaxation
 from specbeam.rules import ScoringRules
 from specbeam.stats import SpecStats
 from specbeam.tree_attention import TreeDecoder
@@ -58,7 +59,8 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     best token's probability is below `draft_branch_below` ("topm", keeping `draft_width`
     nodes per level, default beam_size × draft_branch). `draft_prune_margin` drops nodes
     scoring that far below the level's k-th best; `max_draft_nodes` keeps each source's
-    most likely drafted nodes for verification. None of these changes the output.
+    most likely drafted nodes for verification. None of these changes the output;
+    a `relaxation` does (it accepts drafted steps the target ranks slightly lower).
 
     `prefill_chunk_size` and `decode_capacity_increment` are accepted for drop-in
     compatibility: the prompt is decoded in the first verification pass, and the caches
@@ -97,6 +99,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         draft_branch_depth: int = 1,
         draft_branch_below: float = 1.0,
         draft_prune_margin: float | None = None,
+        relaxation: Relaxation | None = None,
     ) -> None:
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
@@ -122,6 +125,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             beam_size=beam_size,
         )
         self._draft_shape.validate()
+        if relaxation is not None:
+            relaxation.validate()
+        self._relaxation = relaxation
         model.eval()
         draft_model.eval()
         self._model = model
@@ -308,7 +314,7 @@ class _Op:
             gen._normalize_scores,
             gen._len_penalty,
         )
-        self.acceptor = ExactBeamAcceptor(self.rules, k, finish)
+        self.acceptor = BeamAcceptor(self.rules, k, finish, gen._relaxation)
         self.state = BeamState.start(prompts, k, max_seq_len)
         self.prompts = prompts
         self.output: list[list] = [[] for _ in range(num_sources)]
