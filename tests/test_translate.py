@@ -5,9 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specbeam.decoding import DecodingConfig, make_generator
+from specbeam.hardware import HardwareConfig
+from specbeam.models import build_model
+from specbeam.task import TaskConfig
+from specbeam.translate import TranslateConfig, translate_chunk
+from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
 REPO = Path(__file__).resolve().parents[1]
 LINES = [
@@ -174,3 +186,72 @@ def test_overlong_line_is_truncated_with_a_warning(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     assert "lines 2 exceed the model's 64 source tokens" in result.stderr
     assert out.read_text(encoding="utf-8").count("\n") == 3
+
+
+class _Recorder:
+    """A generator that remembers which output each source row got, so the test can
+    check that every output line belongs to its own input line."""
+
+    def __init__(self, generator: Seq2SeqGenerator, decode) -> None:
+        self.generator, self.decode = generator, decode
+        self.model = generator.model
+        self.seen: dict[tuple[int, ...], set[str]] = {}
+
+    def __call__(self, src, src_layout, prompts, prompt_layout) -> SequenceGeneratorOutput:
+        out = self.generator(src, src_layout, prompts, prompt_layout)
+        for row, n, hyps in zip(src, src_layout.seq_lens, out.hypotheses, strict=True):
+            self.seen.setdefault(tuple(row[:n].tolist()), set()).add(self.decode(hyps[0].seq))
+        return out
+
+
+@pytest.fixture(scope="module")
+def fuzz_pipeline():
+    """The SentencePiece tokenizer of the embedded task and tiny untrained models that
+    accept 48 source tokens (so long lines get truncated)."""
+    tokenizer = TaskConfig().load_tokenizer()
+    size = tokenizer.vocab_info.size
+    torch.manual_seed(0)
+    target = build_model(replace(TARGET_ARCH, vocab_size=size, max_seq_len=48)).eval()
+    torch.manual_seed(1)
+    draft = build_model(replace(DRAFT_ARCH, vocab_size=size, max_seq_len=48)).eval()
+    generators = {
+        name: make_generator(
+            DecodingConfig(name=name, speculative=name == "spec_beam", max_gen_len=[0.5, 4]),
+            target,
+            draft,
+            tokenizer.vocab_info,
+        )
+        for name in ("beam", "spec_beam")
+    }
+    return tokenizer, generators
+
+
+_LINE = st.one_of(
+    st.text(st.characters(blacklist_characters="\n"), max_size=30),
+    st.sampled_from(["", " ", "\t \r", "\u3000\u2028", "\x00", "\x1b[31m", "\ufeff"]),
+    st.builds(lambda word, n: " ".join([word] * n), st.text(min_size=1, max_size=8), st.integers(30, 120)),
+)  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(_LINE, max_size=6), batch_tokens=st.integers(1, 200))
+def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines, batch_tokens):
+    tokenizer, generators = fuzz_pipeline
+    cfg = TranslateConfig(hardware=HardwareConfig(batch_tokens=batch_tokens, threads=1))
+    encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
+    decode = tokenizer.create_decoder(skip_special_tokens=True)
+    spec = _Recorder(generators["spec_beam"], decode)
+    texts, records = translate_chunk(cfg, tokenizer, spec, lines, 0, 0)
+    beam_texts, _ = translate_chunk(cfg, tokenizer, generators["beam"], lines, 0, 0)
+    assert len(texts) == len(lines) and texts == beam_texts
+    assert [r["line"] for r in records] == list(range(1, len(lines) + 1))
+    limit = spec.model.max_source_seq_len
+    for line, text in zip(lines, texts, strict=True):
+        assert "\n" not in text
+        if not line.strip():
+            assert text == ""
+            continue
+        tokens = encode(line)
+        if len(tokens) > limit:
+            tokens = torch.cat([tokens[: limit - 1], tokens[-1:]])
+        assert text in spec.seen[tuple(tokens.tolist())]  # this line's own translation
