@@ -3,8 +3,9 @@ and turning bad settings into one-line errors."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fairseq2.data.tokenizers import Tokenizer
@@ -14,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbeam.decoding import DecodingConfig, make_generator
 from specbeam.hardware import HardwareConfig
 from specbeam.models import ModelPairConfig, load_pair
+from specbeam.paths import REPO_ROOT
 from specbeam.task import TaskConfig
 
 R = TypeVar("R")
@@ -27,8 +29,16 @@ class PipelineConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def build(self) -> tuple[Tokenizer, Seq2SeqGenerator]:
+        """A non-speculative decoding leaves the pair's draft unloaded rather than
+        refusing it: the draft belongs to the model pair, which every decoding shares
+        (the default pair has one, and `decoding=beam` runs on it)."""
         self.hardware.apply()
         self.decoding.validate()
+        if self.decoding.speculative and self.model.draft is None:
+            raise ValueError(
+                f"decoding={self.decoding.name} is speculative but model.draft is null: "
+                "set model.draft, or use a non-speculative decoding (beam, greedy)"
+            )
         tokenizer = self.task.load_tokenizer()
         target, draft = load_pair(
             self.model, tokenizer.vocab_info.size, with_draft=self.decoding.speculative,
@@ -66,3 +76,19 @@ def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
         return app(OmegaConf.to_object(cfg))
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
+
+
+def check_group_choices(argv: Sequence[str], conf_dir: Path = REPO_ROOT / "conf") -> None:
+    """Ends the process with one line when an override picks a config that does not
+    exist (`decoding=nope`), naming the ones that do; Hydra would print a dozen lines."""
+    for arg in argv:
+        group, sep, value = arg.partition("=")
+        options = conf_dir / group
+        if not sep or not group.isidentifier() or not options.is_dir():
+            continue
+        allowed = sorted(p.stem for p in options.glob("*.yaml"))
+        for choice in value.split(","):  # a multirun sweeps over several
+            if choice not in allowed and "(" not in choice:
+                raise SystemExit(
+                    f"error: {group}={choice} is unknown; allowed: {', '.join(allowed)}"
+                )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.app import PipelineConfig, parse_shard, run_app
+from specbeam.app import PipelineConfig, check_group_choices, parse_shard, run_app
 from specbeam.inference import translate_texts
 
 log = logging.getLogger("specbeam.distill")
@@ -89,4 +90,5 @@ def main(cfg: DistillConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(sys.argv[1:])
     main()

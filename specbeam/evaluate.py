@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
-from specbeam.app import run_app
+from specbeam.app import check_group_choices, run_app
 from specbeam.compare import MethodRun, run_side_by_side
 from specbeam.decoding import DecodingConfig, make_generator
 from specbeam.hardware import HardwareConfig
@@ -212,4 +213,5 @@ def main(cfg: EvaluateConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(sys.argv[1:])
     main()

@@ -19,7 +19,7 @@ from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.app import PipelineConfig, run_app, shard_range
+from specbeam.app import PipelineConfig, check_group_choices, run_app, shard_range
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.inference import translate_texts
 from specbeam.textio import ResumableOutput, job_fingerprint, read_lines
@@ -140,4 +140,5 @@ def main(cfg: TranslateConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(sys.argv[1:])
     main()

@@ -1,0 +1,102 @@
+"""Start-up errors: a bad setting ends an app with one line naming the setting and what
+is allowed; a non-speculative decoding runs on a pair that has a draft."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
+from hydra import compose, initialize_config_dir
+
+import specbeam.translate  # noqa: F401  (registers translate_schema)
+from specbeam.app import check_group_choices, run_app
+from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.paths import REPO_ROOT
+
+BASE = ["model=tiny_random", "hardware.threads=1"]
+
+
+def build_error(*overrides: str) -> str:
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        cfg = compose("translate", overrides=[*BASE, *overrides])
+    with pytest.raises(SystemExit) as exit_info:
+        run_app(lambda c: c.build(), cfg)
+    message = str(exit_info.value.code)
+    assert "\n" not in message and message.startswith("error: ")
+    return message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["decoding.gamma=0"], "decoding.gamma=0 is invalid: must be ≥ 1"),
+        (["decoding.gamma=-2"], "decoding.gamma=-2 is invalid: must be ≥ 1"),
+        (["decoding=beam", "decoding.beam_size=0"], "decoding.beam_size=0 is invalid: must be ≥ 1"),
+        (
+            ["decoding.beam_size=5", "decoding.draft_width=3"],
+            "decoding.draft_width=3 is invalid: must be ≥ beam_size (5) or null",
+        ),
+        (
+            ["hardware.memory_budget_mb=-1"],
+            "hardware.memory_budget_mb=-1.0 is invalid: must be ≥ 0 (0 = unlimited)",
+        ),
+        (
+            ["model.draft=null"],
+            "decoding=spec_beam is speculative but model.draft is null: set model.draft, "
+            "or use a non-speculative decoding (beam, greedy)",
+        ),
+        (
+            ["model.draft=/nonexistent/draft.pt"],
+            "model checkpoint not found: /nonexistent/draft.pt",
+        ),
+    ],
+)
+def test_bad_setting_is_one_line(overrides: list[str], expected: str) -> None:
+    assert expected in build_error(*overrides)
+
+
+def test_non_speculative_decoding_leaves_the_draft_unloaded() -> None:
+    """model.draft names a file that does not exist: beam search never opens it."""
+    draft = ["model.draft=/nonexistent/draft.pt"]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        beam = compose("translate", overrides=[*BASE, *draft, "decoding=beam"])
+        spec = compose("translate", overrides=[*BASE, "decoding=spec_beam"])
+    _, generator = run_app(lambda c: c.build(), beam)
+    assert isinstance(generator, BeamSearchSeq2SeqGenerator)
+    _, generator = run_app(lambda c: c.build(), spec)
+    assert isinstance(generator, SpeculativeBeamSearchSeq2SeqGenerator)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["decoding=nope"], "error: decoding=nope is unknown; allowed: beam, greedy, spec_beam, spec_greedy"),
+        (["task=wmt"], "error: task=wmt is unknown; allowed: bible_es_en"),
+        (["hardware=gpu"], "error: hardware=gpu is unknown; allowed: cpu"),
+        (["-m", "decoding=beam,spec_bean"], "error: decoding=spec_bean is unknown; allowed: beam,"),
+        (["model=tiny"], "error: model=tiny is unknown; allowed: bible_es_en, tiny_random"),
+    ],
+)  # fmt: skip
+def test_unknown_config_name_is_one_line(argv: list[str], expected: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        check_group_choices(argv)
+    assert str(exit_info.value.code).startswith(expected)
+
+
+def test_known_names_and_other_overrides_pass() -> None:
+    check_group_choices(
+        ["decoding=beam,spec_beam", "decoding.gamma=3", "hydra/launcher=joblib", "+extra=1",
+         "input=decoding=x", "hardware=cpu", "task=bible_es_en"]
+    )  # fmt: skip
+
+
+def test_unknown_decoding_ends_the_app_with_one_line(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "specbeam.translate", "decoding=nope", "model=tiny_random",
+           f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "error: decoding=nope is unknown; allowed: beam, greedy, spec_beam, spec_greedy"
+    ]
