@@ -33,6 +33,7 @@ class PipelineConfig:
         refusing it: the draft belongs to the model pair, which every decoding shares
         (the default pair has one, and `decoding=beam` runs on it)."""
         self.hardware.apply()
+        self.decoding = self.hardware.tune(self.decoding)
         self.decoding.validate()
         if self.decoding.speculative and self.model.draft is None:
             raise ValueError(

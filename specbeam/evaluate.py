@@ -171,7 +171,7 @@ def plot(rows: list[dict], out: Path) -> None:
 def evaluate(cfg: EvaluateConfig) -> None:
     out = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     cfg.hardware.apply()
-    decodings = [load_decoding(name) for name in cfg.methods]
+    decodings = [cfg.hardware.tune(load_decoding(name)) for name in cfg.methods]
     tokenizer = cfg.task.load_tokenizer()
     target, draft = load_pair(
         cfg.model, tokenizer.vocab_info.size, with_draft=any(d.speculative for d in decodings),

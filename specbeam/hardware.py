@@ -1,12 +1,18 @@
-"""Hardware settings: device, threads, precision of drafting, batch size, memory."""
+"""Hardware settings: device, threads, precision of drafting, batch size, and the
+decoding settings that `python -m specbeam.calibrate` found fastest on this machine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from specbeam.memory import MB
+
+if TYPE_CHECKING:
+    from specbeam.decoding import DecodingConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -23,6 +29,10 @@ class HardwareConfig:
     memory_budget_mb: float = 0
     """Speculative decoding keeps its KV caches and logits within this many MiB by
     decoding a batch in chunks (same output), or a smaller draft; 0 = unlimited."""
+    tuned: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Decoding name -> settings (gamma, draft_width) that replace the decoding file's on
+    this machine; written by specbeam.calibrate. They also replace command-line values
+    such as decoding.gamma=…; use a hardware config without them to set those by hand."""
 
     def apply(self) -> None:
         if self.device != "cpu":
@@ -49,3 +59,13 @@ class HardwareConfig:
     @property
     def memory_budget_bytes(self) -> int | None:
         return int(self.memory_budget_mb * MB) or None
+
+    def tune(self, decoding: DecodingConfig) -> DecodingConfig:
+        """`decoding` with this machine's calibrated settings for its name, if any."""
+        settings = self.tuned.get(decoding.name, {})
+        unknown = set(settings) - {f.name for f in dataclasses.fields(decoding)}
+        if unknown:
+            raise ValueError(
+                f"hardware.tuned.{decoding.name} has unknown settings: {', '.join(sorted(unknown))}"
+            )
+        return dataclasses.replace(decoding, **settings)
