@@ -174,7 +174,10 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
             d.max_gen_len = list(settings.max_gen_len)
 
     def method(name: str) -> MethodRun:
-        gen = make_generator(decodings[name], target, draft, tokenizer.vocab_info)
+        gen = make_generator(
+            decodings[name], target, draft, tokenizer.vocab_info,
+            memory_budget_bytes=cfg.hardware.memory_budget_bytes,
+        )  # fmt: skip
         return MethodRun(name, CountingGenerator(gen) if name == "beam" else gen)
 
     stages.update()

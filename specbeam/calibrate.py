@@ -279,6 +279,7 @@ def run_grid(
         slot_counts=cfg.slot_counts, repeats=cfg.repeats,
     )  # fmt: skip
     base = dataclasses.replace(load_decoding("beam"), beam_size=decoding.beam_size)
+    budget = cfg.hardware.memory_budget_bytes
     counting = CountingGenerator(make_generator(base, target, None, tokenizer.vocab_info))
     baseline = MethodRun("beam", counting)
     settings = [(g, w) for g in cfg.gammas for w in cfg.draft_widths]
@@ -290,8 +291,9 @@ def run_grid(
                 target,
                 draft,
                 tokenizer.vocab_info,
+                memory_budget_bytes=budget,
             ),
-        )  # fmt: skip
+        )
         for g, w in settings
     ]
     run_side_by_side(
@@ -316,7 +318,7 @@ def describe(cost: CostModel, hardware: HardwareConfig, beam_size: int) -> str:
     verify = f"{cost.verify.a:.2f} + {cost.verify.b:.3f}·T"
     draft = f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T"
     return (
-        f"cost model ({hardware.threads} threads; ms per call over T query slots):\n"
+        f"cost model (threads={hardware.threads}; ms per call over T query slots):\n"
         f"  {'verify (target, fp32)':<24}{verify:<18}measured T: ms = {measured['target']}\n"
         f"  {f'draft ({hardware.draft_dtype})':<24}{draft:<18}measured T: ms = {measured['draft']}\n"
         f"  {f'plain beam {beam_size} step':<24}{cost.step_ms:.2f} per target decoder call"
@@ -346,7 +348,7 @@ def write_hardware(cfg: CalibrateConfig, decoding: str, best: GridRow, cost: Cos
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
-        f"# model={cfg.model.name}, {hw.threads} threads, draft {hw.draft_dtype}, "
+        f"# model={cfg.model.name}, threads={hw.threads}, draft {hw.draft_dtype}, "
         f"{cfg.sample} {cfg.split} sentences at batch 1, medians of {cfg.repeats} timed calls.",
         f"# target call = {cost.verify.a:.2f} + {cost.verify.b:.3f}·T ms, draft call = "
         f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T ms, beam step = {cost.step_ms:.2f} ms.",
