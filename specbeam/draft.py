@@ -16,7 +16,7 @@ target's beam keeps k per step, so such nodes are unlikely to be on its path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, final
 
 import torch
@@ -50,6 +50,20 @@ class DraftShape:
     max_nodes: int | None = None
     """Keep each source's most likely nodes (by draft score)."""
     beam_size: int = 5
+    depth_bounds: tuple[int, int] | None = None
+    """Adapt each source's depth within these bounds (from `depth`) to the steps it
+    advanced per pass; None: always `depth`."""
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth if self.depth_bounds is None else self.depth_bounds[1]
+
+    def shrunk(self, max_depth: int, width: int) -> DraftShape:
+        """At most `max_depth` levels (adaptive bounds included) and `width` nodes each."""
+        bounds = self.depth_bounds
+        if bounds is not None:
+            bounds = (min(bounds[0], max_depth), min(bounds[1], max_depth))
+        return replace(self, depth=min(self.depth, max_depth), width=width, depth_bounds=bounds)
 
     def validate(self) -> None:
         """Raises a ValueError naming the generator keyword that is out of range."""
@@ -62,6 +76,7 @@ class DraftShape:
             ("draft_branch_below", self.branch_below, 0.0 < self.branch_below <= 1.0, "in (0, 1]"),
             ("draft_prune_margin", self.prune_margin, self.prune_margin is None or self.prune_margin >= 0, "≥ 0 or None"),
             ("max_draft_nodes", self.max_nodes, self.max_nodes is None or self.max_nodes >= 1, "≥ 1 or None"),
+            ("gamma_bounds", self.depth_bounds, self.depth_bounds is None or 1 <= self.depth_bounds[0] <= self.depth <= self.depth_bounds[1], f"[lo, hi] with 1 ≤ lo ≤ gamma ({self.depth}) ≤ hi, or None"),
         ]  # fmt: skip
         for name, value, ok, allowed in checks:
             if not ok:
@@ -87,13 +102,14 @@ class Drafter:
         self.table: SlotTable | None = None
         self.root_slots: Tensor | None = None
         self.passes = 0
+        self.depths = torch.full((num_sources,), shape.depth, dtype=torch.int64)
 
     def width(self, n: int) -> int:
         return n if self.shape.strategy == "linear" else self.shape.width
 
-    def propose(self, scores: Tensor, n: int, depth: int | None = None) -> DraftTree:
-        """scores: (S, n) target scores of the live hypotheses; depth: this pass's levels."""
-        dec, depth = self.decoder, depth or self.shape.depth
+    def propose(self, scores: Tensor, n: int) -> DraftTree:
+        """scores: (S, n) target scores of the live hypotheses."""
+        dec, depth = self.decoder, int(self.depths.max())
         num_sources, c = scores.size(0), self.pending.size(-1)
         width = self.width(n)
         table = SlotTable(num_sources, n * c + (depth - 1) * width, scores.device)
@@ -122,7 +138,14 @@ class Drafter:
                 cum = score
         self.table, self.root_slots = table, roots
         self.passes += depth
-        tree = DraftTree(*(torch.stack(x, 1) for x in (tokens, parents, valid, node_scores)))
+        valid_levels = (
+            torch.stack(valid, 1) & (torch.arange(depth) < self.depths[:, None])[..., None]
+        )
+        tree = DraftTree(
+            *(torch.stack(x, 1) for x in (tokens, parents)),
+            valid_levels,
+            torch.stack(node_scores, 1),
+        )
         return tree if self.shape.max_nodes is None else tree.limit(self.shape.max_nodes)
 
     def commit(self, origin: Tensor, node: Tensor, roots: Tensor, tree: DraftTree) -> None:
@@ -148,8 +171,18 @@ class Drafter:
         self.pending_len = 1 + deepest[:, 0].long()
         self.table = self.root_slots = None
 
+    def adapt(self, steps: Tensor) -> None:
+        """steps: (S,) beam-search steps each source advanced in the last pass. A source
+        that took every level drafts one deeper; else halfway down to the steps it took."""
+        if self.shape.depth_bounds is None:
+            return
+        lo, hi = self.shape.depth_bounds
+        want = torch.where(steps > self.depths, self.depths + 1, (self.depths + steps) // 2)
+        self.depths = want.clamp(lo, hi)
+
     def select_sources(self, keep: Tensor) -> None:
         self.decoder.select_sources(keep)
+        self.depths = self.depths.index_select(0, keep)
         self.pending = self.pending.index_select(0, keep)
         self.pending_len = self.pending_len.index_select(0, keep)
 

@@ -11,7 +11,7 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import final
 
 import torch
@@ -34,7 +34,7 @@ from typing_extensions import override
 from specbeam.accept import BeamAcceptor
 from specbeam.beam import BeamState, HypothesisFactory
 from specbeam.draft import Drafter, DraftShape, DraftStrategy
-from specbeam.memory import DecoderSize, fit_budget, source_bytes
+from specbeam.memory import DecoderSize, cache_capacity, fit_budget, source_bytes
 from specbeam.relax import Relaxation
 from specbeam.rules import ScoringRules
 from specbeam.stats import SpecStats
@@ -59,7 +59,8 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     best token's probability is below `draft_branch_below` ("topm", keeping `draft_width`
     nodes per level, default beam_size × draft_branch). `draft_prune_margin` drops nodes
     scoring that far below the level's k-th best; `max_draft_nodes` keeps each source's
-    most likely drafted nodes for verification. None of these changes the output;
+    most likely drafted nodes for verification. With `gamma_bounds`, each source's depth
+    follows the steps it advances per pass. None of these changes the output;
     a `relaxation` does (it accepts drafted steps the target ranks slightly lower).
 
     `prefill_chunk_size` and `decode_capacity_increment` are accepted for drop-in
@@ -99,6 +100,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         draft_branch_depth: int = 1,
         draft_branch_below: float = 1.0,
         draft_prune_margin: float | None = None,
+        gamma_bounds: tuple[int, int] | None = None,
         relaxation: Relaxation | None = None,
     ) -> None:
         if target_vocab_info.eos_idx is None:
@@ -123,6 +125,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             prune_margin=draft_prune_margin,
             max_nodes=max_draft_nodes,
             beam_size=beam_size,
+            depth_bounds=None if gamma_bounds is None else (gamma_bounds[0], gamma_bounds[1]),
         )
         self._draft_shape.validate()
         if relaxation is not None:
@@ -230,23 +233,21 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
                 depth=depth, width=width,
             ).total  # fmt: skip
 
-        fit = fit_budget(self._memory_budget, num_sources, need, shape.depth, width, min_width)
+        fit = fit_budget(self._memory_budget, num_sources, need, shape.max_depth, width, min_width)
         # Chunks of even size: the same number of chunks, a smaller peak.
         size = -(-num_sources // -(-num_sources // fit.sources))
-        if (fit.depth, fit.width) == (shape.depth, width):
+        if (fit.depth, fit.width) == (shape.max_depth, width):
             return self, size
         if not self._warned_shrink:
             log.warning(
                 "memory budget of %d bytes: one source needs %d bytes with gamma=%d and "
                 "draft_width=%d, so the draft shrinks to gamma=%d, draft_width=%d (same output)",
-                self._memory_budget, need(shape.depth, width), shape.depth, width, fit.depth,
+                self._memory_budget, need(shape.max_depth, width), shape.max_depth, width, fit.depth,
                 fit.width,
             )  # fmt: skip
             self._warned_shrink = True
         gen = copy.copy(self)
-        gen._draft_shape = replace(
-            shape, depth=fit.depth, width=shape.width if linear else fit.width
-        )
+        gen._draft_shape = shape.shrunk(fit.depth, shape.width if linear else fit.width)
         return gen, size
 
 
@@ -294,9 +295,7 @@ class _Op:
             max_seq_len=max_seq_len,
             step_processors=gen._step_processors,
         )
-        # Room for the longest sequence plus one pass's speculative slots.
-        spec_slots = k * max(prompt_len, 2) + shape.depth * width
-        capacity = max_seq_len + -(-spec_slots // k) + 1
+        capacity = cache_capacity(max_seq_len, prompt_len, k, shape.max_depth, width)
         target = TreeDecoder(
             gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity
         )
@@ -344,6 +343,7 @@ class _Op:
                 acceptance = self.acceptor.accept(state, verification, tree, self.output)
                 self.verifier.commit(verification, acceptance.origin, acceptance.node)
                 self.drafter.commit(acceptance.origin, acceptance.node, acceptance.roots, tree)
+                self.drafter.adapt(acceptance.steps)
             stats.record_pass(
                 state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
             )

@@ -61,7 +61,7 @@ class Case:
             seed=seed,
             batch=rng.randint(1, 6),
             beam_size=beam,
-            gamma=rng.randint(1, 8),
+            gamma=(gamma := rng.randint(1, 8)),
             strategy=strategy,
             draft_width=rng.choice([None, beam + rng.randint(1, 3)])
             if strategy == "beam"
@@ -72,11 +72,11 @@ class Case:
             max_gen_len=rng.choice([(2.0, 5), (1.0, 3), (0.0, 9), (3.0, 10)]),
             prompt=rng.choice([PROMPT, NLLB_PROMPT]),
             extra=extra,
-            shape=Case.draw_shape(rng, beam),
+            shape=Case.draw_shape(rng, beam, gamma),
         )
 
     @staticmethod
-    def draw_shape(rng: random.Random, beam: int) -> dict:
+    def draw_shape(rng: random.Random, beam: int, gamma: int) -> dict:
         """Tree strategies beyond the draft's beam search, and pruning (drawn last, so the
         earlier draws of a seed stay what they were)."""
         shape: dict = {}
@@ -88,6 +88,8 @@ class Case:
             shape["draft_width"] = rng.choice([None, rng.randint(1, 3 * beam)])
         if rng.random() < 0.2:
             shape["draft_prune_margin"] = rng.choice([0.0, 1.0, 3.0])
+        if rng.random() < 0.25:
+            shape["gamma_bounds"] = (rng.randint(1, gamma), gamma + rng.randint(0, 3))
         return shape
 
 
@@ -298,3 +300,26 @@ def test_a_sentence_decodes_the_same_in_any_company(tiny_target, tiny_draft, voc
         assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want], company
         for h, g in zip(want, got, strict=True):
             assert abs(float(h.score) - float(g.score)) <= SCORE_TOL, company
+
+
+def test_adaptive_gamma_follows_acceptance(
+    tiny_target, copy_draft, untrained_draft, vocab_info
+) -> None:
+    """Depth grows where the draft is always right and shrinks where it is never right;
+    the output stays exact either way."""
+    case = Case.draw(5)
+    case.beam_size, case.gamma, case.strategy, case.draft_width, case.batch = 4, 2, "beam", None, 4
+    case.min_gen_len, case.max_gen_len, case.extra, case.max_draft_nodes = 1, (2.0, 5), {}, None
+    runs = {}
+    for name, draft, bounds in [
+        ("copy, fixed", copy_draft, None),
+        ("copy, adaptive", copy_draft, (1, 8)),
+        ("untrained, fixed", untrained_draft, None),
+        ("untrained, adaptive", untrained_draft, (1, 8)),
+    ]:
+        case.shape = {"gamma_bounds": bounds}
+        base, spec = run_both(case, tiny_target, draft, vocab_info)
+        assert_same(base, spec)
+        runs[name] = spec.stats
+    assert runs["copy, adaptive"].tau > runs["copy, fixed"].tau + 0.5
+    assert runs["untrained, adaptive"].drafted_tokens < runs["untrained, fixed"].drafted_tokens

@@ -143,3 +143,16 @@ def test_hardware_budget_reaches_the_generator(tiny_target, tiny_draft, vocab_in
         generator(*batch(seed=10, n=1))
     with pytest.raises(ValueError, match=r"hardware.memory_budget_mb=-1 is invalid: must be ≥ 0"):
         HardwareConfig(memory_budget_mb=-1, threads=1).apply()
+
+
+def test_adaptive_depth_is_counted_at_its_upper_bound(tiny_target, tiny_draft, vocab_info):
+    """The caches must hold the deepest tree adaptive γ may draft, and the estimate too."""
+    args = batch(seed=8, n=3)
+    settings = dict(beam_size=4, gamma=3, draft_width=6, gamma_bounds=(1, 5))
+    out = spec(tiny_target, tiny_draft, vocab_info, **settings)(*args)
+    need = per_source(tiny_target, tiny_draft, args, k=4, depth=5, width=6)
+    assert out.stats.peak_target_cache_bytes == 3 * need.target_cache
+    fit = spec(tiny_target, tiny_draft, vocab_info, memory_budget_bytes=need.total, **settings)
+    chunked = fit(*args)
+    assert_same(out, chunked)
+    assert chunked.stats.peak_target_cache_bytes == need.target_cache
