@@ -9,7 +9,9 @@ from fairseq2.generation import Seq2SeqGenerator
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.models.seq2seq import Seq2SeqModel
 
+from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.relax import Relaxation
 
 
 @dataclass(kw_only=True)
@@ -19,7 +21,18 @@ class DecodingConfig:
     beam_size: int = 5
     gamma: int = 4
     draft_strategy: str = "beam"
+    """beam, linear or topm (see specbeam/draft.py)."""
     draft_width: int | None = None
+    max_draft_nodes: int | None = None
+    draft_branch: int = 2
+    draft_branch_depth: int = 1
+    draft_branch_below: float = 1.0
+    draft_prune_margin: float | None = None
+    gamma_bounds: list[int] | None = None
+    """[lo, hi]: adapt γ per source within these bounds; null: fixed γ."""
+    relax_top: int = 0
+    """> 0: relaxed acceptance (not exact) with the target's top-β = relax_top."""
+    relax_gap: float = 2.0
     len_penalty: float = 1.0
     min_gen_len: int = 1
     max_gen_len: list[float] = field(default_factory=lambda: [1.5, 10])
@@ -33,16 +46,26 @@ class DecodingConfig:
 
         if self.beam_size < 1:
             raise bad("beam_size", self.beam_size, "must be ≥ 1")
-        if self.speculative and self.gamma < 1:
-            raise bad("gamma", self.gamma, "must be ≥ 1")
-        if self.draft_strategy not in ("beam", "linear"):
-            raise bad("draft_strategy", self.draft_strategy, "allowed: beam, linear")
-        if self.draft_width is not None and self.draft_width < self.beam_size:
-            raise bad(
-                "draft_width", self.draft_width, f"must be ≥ beam_size ({self.beam_size}) or null"
-            )
         if len(self.max_gen_len) != 2:
             raise bad("max_gen_len", self.max_gen_len, "expected [a, b]")
+        if self.gamma_bounds is not None and len(self.gamma_bounds) != 2:
+            raise bad("gamma_bounds", self.gamma_bounds, "expected [lo, hi] or null")
+        if not self.speculative:
+            return
+        for setting, value, allowed in self.draft_shape().problems():
+            raise bad(setting, value, f"must be {allowed}")
+        if self.relax_top < 0 or self.relax_gap < 0:
+            raise bad(
+                "relax_top" if self.relax_top < 0 else "relax_gap",
+                min(self.relax_top, self.relax_gap),
+                "must be ≥ 0",
+            )
+
+    def draft_shape(self) -> DraftShape:
+        return DraftShape.of(beam_size=self.beam_size, **draft_keywords(self))
+
+    def relaxation(self) -> Relaxation | None:
+        return Relaxation(self.relax_top, self.relax_gap) if self.relax_top > 0 else None
 
 
 def make_generator(
@@ -69,6 +92,6 @@ def make_generator(
     if draft is None:
         raise ValueError(f"decoding={cfg.name} is speculative but the model pair has no draft")
     return SpeculativeBeamSearchSeq2SeqGenerator(
-        target, draft, vocab_info, gamma=cfg.gamma, draft_strategy=cfg.draft_strategy,  # type: ignore[arg-type]
-        draft_width=cfg.draft_width, memory_budget_bytes=memory_budget_bytes, **common,
+        target, draft, vocab_info, **draft_keywords(cfg), relaxation=cfg.relaxation(),
+        memory_budget_bytes=memory_budget_bytes, **common,
     )  # fmt: skip

@@ -16,7 +16,7 @@ name through fairseq2's model hub.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Final, cast, final
+from typing import Final, final
 
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.gang import Gangs
@@ -43,15 +43,13 @@ from fairseq2.runtime.dependency import (
 from fairseq2.utils.validation import ValidationResult
 from torch.nn import Module
 
-from specbeam.draft import DraftStrategy
+from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.models import check_same_vocabulary
 
 SPECULATIVE_BEAM_SEARCH_GENERATOR: Final = "speculative_beam_search"
 
 SPECULATIVE_GREEDY_GENERATOR: Final = "speculative_greedy"
-
-_DRAFT_STRATEGIES: Final = ("beam", "linear")
 
 
 @dataclass(kw_only=True)
@@ -69,13 +67,21 @@ class SpeculativeBeamSearchConfig(BeamSearchConfig):
     """The draft depth: beam search steps proposed per target pass."""
 
     draft_strategy: str = "beam"
-    """'beam' drafts a beam search tree below each hypothesis, 'linear' one greedy path."""
+    """'beam' drafts a beam search tree below each hypothesis, 'linear' one greedy path,
+    'topm' branches into the draft's best tokens where it is unsure."""
 
     draft_width: int | None = None
-    """The draft beam width of the 'beam' strategy; ``None`` means `beam_size`."""
+    """Nodes per tree level; ``None`` means `beam_size` (topm: times `draft_branch`)."""
 
     max_draft_nodes: int | None = None
     """If not ``None``, verifies only each source's most likely drafted nodes."""
+
+    draft_branch: int = 2
+    draft_branch_depth: int = 1
+    draft_branch_below: float = 1.0
+    draft_prune_margin: float | None = None
+    gamma_bounds: tuple[int, int] | None = None
+    """If not ``None``, adapts γ per source within these bounds."""
 
     def validate(self) -> ValidationResult:
         result = super().validate()
@@ -83,21 +89,13 @@ class SpeculativeBeamSearchConfig(BeamSearchConfig):
         if not self.draft_model:
             result.add_error("`draft_model` must be the name of a model asset card.")
 
-        if self.gamma < 1:
-            result.add_error("`gamma` must be greater than or equal to 1.")
-
-        if self.draft_strategy not in _DRAFT_STRATEGIES:
-            result.add_error(
-                f"`draft_strategy` must be 'beam' or 'linear', but is '{self.draft_strategy}' instead."
-            )
-
-        if self.draft_width is not None and self.draft_width < 1:
-            result.add_error("`draft_width` must be greater than or equal to 1.")
-
-        if self.max_draft_nodes is not None and self.max_draft_nodes < 1:
-            result.add_error("`max_draft_nodes` must be greater than or equal to 1.")
+        for name, value, allowed in self.draft_shape().problems():
+            result.add_error(f"`{name}` must be {allowed}, but is {value!r} instead.")
 
         return result
+
+    def draft_shape(self) -> DraftShape:
+        return DraftShape.of(beam_size=self.beam_size, **draft_keywords(self))
 
 
 @final
@@ -156,10 +154,7 @@ class _SpeculativeBeamSearchSeq2SeqGeneratorFactory:
             len_penalty=config.len_penalty,
             prefill_chunk_size=config.prefill_chunk_size,
             decode_capacity_increment=config.decode_capacity_increment,
-            gamma=config.gamma,
-            draft_strategy=cast(DraftStrategy, config.draft_strategy),
-            draft_width=config.draft_width,
-            max_draft_nodes=config.max_draft_nodes,
+            **draft_keywords(config),
         )
 
     def _load_draft_model(self, name: str, target: TransformerModel) -> TransformerModel:

@@ -113,19 +113,17 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             raise ValueError(f"`beam_size` must be ≥ 1, but is {beam_size}.")
         if min_gen_len < 1:
             raise ValueError(f"`min_gen_len` must be ≥ 1, but is {min_gen_len}.")
-        if draft_width is None:
-            draft_width = beam_size * (draft_branch if draft_strategy == "topm" else 1)
-        self._draft_shape = DraftShape(
-            strategy=draft_strategy,
-            depth=gamma,
-            width=draft_width,
-            branch=draft_branch,
-            branch_depth=draft_branch_depth,
-            branch_below=draft_branch_below,
-            prune_margin=draft_prune_margin,
-            max_nodes=max_draft_nodes,
+        self._draft_shape = DraftShape.of(
             beam_size=beam_size,
-            depth_bounds=None if gamma_bounds is None else (gamma_bounds[0], gamma_bounds[1]),
+            gamma=gamma,
+            draft_strategy=draft_strategy,
+            draft_width=draft_width,
+            max_draft_nodes=max_draft_nodes,
+            draft_branch=draft_branch,
+            draft_branch_depth=draft_branch_depth,
+            draft_branch_below=draft_branch_below,
+            draft_prune_margin=draft_prune_margin,
+            gamma_bounds=gamma_bounds,
         )
         self._draft_shape.validate()
         if relaxation is not None:

@@ -36,7 +36,7 @@ def build_error(*overrides: str) -> str:
         (["decoding=beam", "decoding.beam_size=0"], "decoding.beam_size=0 is invalid: must be ≥ 1"),
         (
             ["decoding.beam_size=5", "decoding.draft_width=3"],
-            "decoding.draft_width=3 is invalid: must be ≥ beam_size (5) or null",
+            "decoding.draft_width=3 is invalid: must be ≥ beam_size (5)",
         ),
         (
             ["hardware.memory_budget_mb=-1"],
@@ -72,7 +72,7 @@ def test_non_speculative_decoding_leaves_the_draft_unloaded() -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["decoding=nope"], "error: decoding=nope is unknown; allowed: beam, greedy, spec_beam, spec_greedy"),
+        (["decoding=nope"], "error: decoding=nope is unknown; allowed: beam, greedy, relaxed, spec_beam"),
         (["task=wmt"], "error: task=wmt is unknown; allowed: bible_es_en"),
         (["hardware=gpu"], "error: hardware=gpu is unknown; allowed: cpu"),
         (["-m", "decoding=beam,spec_bean"], "error: decoding=spec_bean is unknown; allowed: beam,"),
@@ -98,5 +98,5 @@ def test_unknown_decoding_ends_the_app_with_one_line(tmp_path) -> None:
     result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        "error: decoding=nope is unknown; allowed: beam, greedy, spec_beam, spec_greedy"
+        "error: decoding=nope is unknown; allowed: beam, greedy, relaxed, spec_beam, spec_greedy"
     ]
