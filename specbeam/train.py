@@ -18,8 +18,11 @@ import hydra
 import sacrebleu
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
+from fairseq2.models.transformer import TransformerModel
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+from torch import Tensor
+from torch.nn.functional import cross_entropy, kl_div, log_softmax
 from tqdm import tqdm
 
 from specbeam.data import TokenizedPair, pad, read_tsv, token_batches, tokenize_pairs
@@ -48,6 +51,13 @@ class TrainConfig:
     shallow_over: str | None = None
     """A target checkpoint: train only a draft decoder (of `arch`'s size) that reads this
     target's frozen encoder."""
+    kd_teacher: str | None = None
+    """A target checkpoint to distil from token by token: the loss mixes the references'
+    cross-entropy with KL(teacher ‖ model) at every position. Teaches a draft the
+    teacher's whole ranking, which exact speculative beam search needs (its top k, not
+    only its top 1)."""
+    kd_weight: float = 0.5
+    """Share of the KL term in the loss."""
     max_tokens: int = 6000
     """Padded source + target tokens per batch."""
     lr: float = 8e-4
@@ -69,6 +79,24 @@ class TrainConfig:
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
+def distillation_loss(
+    logits: Tensor,
+    teacher_logits: Tensor,
+    tgt_out: Tensor,
+    pad_idx: int,
+    label_smoothing: float,
+    weight: float,
+) -> Tensor:
+    """Summed over target tokens: (1 - weight) label-smoothed cross-entropy with the
+    references + weight KL(teacher ‖ model). logits: (N, T, V)."""
+    mask = tgt_out != pad_idx
+    lprobs = log_softmax(logits.float(), dim=-1)[mask]
+    ce = cross_entropy(lprobs, tgt_out[mask], label_smoothing=label_smoothing, reduction="sum")
+    teacher = log_softmax(teacher_logits.float(), dim=-1)[mask]
+    kl = kl_div(lprobs, teacher, log_target=True, reduction="sum")
+    return (1 - weight) * ce + weight * kl
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
@@ -88,6 +116,10 @@ class Trainer:
             self.model = build_shallow_draft(target, cfg.arch)
         else:
             self.model = build_model(cfg.arch)
+        self.teacher: TransformerModel | None = None
+        if cfg.kd_teacher:
+            self.teacher = load_model(Path(cfg.kd_teacher).expanduser()).eval()
+            self.teacher.requires_grad_(False)
         self.opt = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=cfg.lr,
@@ -157,14 +189,23 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(self.step + 1)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16):
-            loss = self.model(
-                src,
-                src_layout,
-                tgt_in,
-                in_layout,
-                tgt_out,
-                label_smoothing=self.cfg.label_smoothing,
-            )
+            if self.teacher is None:
+                loss = self.model(
+                    src,
+                    src_layout,
+                    tgt_in,
+                    in_layout,
+                    tgt_out,
+                    label_smoothing=self.cfg.label_smoothing,
+                )
+            else:
+                with torch.inference_mode():
+                    teacher_logits = self.teacher(src, src_layout, tgt_in, in_layout)
+                logits = self.model(src, src_layout, tgt_in, in_layout)
+                loss = distillation_loss(
+                    logits, teacher_logits.clone(), tgt_out, self.pad_idx,
+                    self.cfg.label_smoothing, self.cfg.kd_weight,
+                )  # fmt: skip
         self.opt.zero_grad(set_to_none=True)
         (loss / n_tokens).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specbeam.models import ModelArch, build_model, load_model, save_model
+from specbeam.train import distillation_loss
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,3 +65,41 @@ def test_shallow_draft_trains_over_a_frozen_target_encoder(tmp_path) -> None:
     assert draft.encoder is target.encoder and draft.model_dim == 32
     with pytest.raises(ValueError, match="draft decoder over its target's encoder"):
         load_model(tmp_path / "out/best.pt")
+
+
+def test_distillation_loss_mixes_references_and_teacher() -> None:
+    torch.manual_seed(0)
+    logits, teacher = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
+    tgt = torch.tensor([[4, 5, 0], [6, 0, 0]])  # 0 = pad
+    kl_only = distillation_loss(teacher, teacher, tgt, 0, 0.0, 1.0)
+    assert abs(float(kl_only)) < 1e-5  # a student equal to its teacher loses nothing
+    ce = torch.nn.functional.cross_entropy(logits[tgt != 0], tgt[tgt != 0], reduction="sum")
+    assert torch.isclose(distillation_loss(logits, teacher, tgt, 0, 0.0, 0.0), ce)
+    half = distillation_loss(logits, teacher, tgt, 0, 0.0, 0.5)
+    assert torch.isclose(
+        half, 0.5 * ce + 0.5 * distillation_loss(logits, teacher, tgt, 0, 0.0, 1.0)
+    )
+
+
+def test_draft_learns_from_a_teacher(tmp_path) -> None:
+    """kd_teacher: the draft trains on the teacher's distributions as well as the references."""
+    rows = (REPO / "tasks/bible_es_en/data/dev.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/train.tsv").write_text("\n".join(rows[:40]) + "\n", encoding="utf-8")
+    (tmp_path / "data/dev.tsv").write_text("\n".join(rows[40:44]) + "\n", encoding="utf-8")
+    teacher_arch = ModelArch(
+        model_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=2, ffn_inner_dim=64
+    )
+    save_model(
+        build_model(teacher_arch).eval(), teacher_arch, tmp_path / "teacher.pt", torch.float32
+    )
+    result = run(
+        tmp_path,
+        "max_epochs=3",
+        "warmup_steps=2",
+        f"kd_teacher={tmp_path}/teacher.pt",
+        "kd_weight=0.7",
+    )
+    assert result.returncode == 0, result.stderr
+    history = json.loads((tmp_path / "out/history.json").read_text())
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
