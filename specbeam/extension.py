@@ -22,6 +22,7 @@ from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.gang import Gangs
 from fairseq2.generation import Seq2SeqGenerator
 from fairseq2.generation.beam_search import BeamSearchAlgorithm
+from fairseq2.generation.sampling import Sampler
 from fairseq2.models.hub import GlobalModelLoader
 from fairseq2.models.transformer import TransformerModel
 from fairseq2.recipe.component import (
@@ -29,10 +30,11 @@ from fairseq2.recipe.component import (
     ComponentNotKnownError,
     register_component,
 )
-from fairseq2.recipe.config import BeamSearchConfig
+from fairseq2.recipe.config import BeamSearchConfig, SamplingConfig
 from fairseq2.recipe.error import (
     BeamSearchAlgorithmNotKnownError,
     ModelTypeNotValidError,
+    SamplerNotKnownError,
     raise_model_type_not_valid_error,
 )
 from fairseq2.runtime.dependency import (
@@ -46,10 +48,13 @@ from torch.nn import Module
 from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.models import check_same_vocabulary
+from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 
 SPECULATIVE_BEAM_SEARCH_GENERATOR: Final = "speculative_beam_search"
 
 SPECULATIVE_GREEDY_GENERATOR: Final = "speculative_greedy"
+
+SPECULATIVE_SAMPLING_GENERATOR: Final = "speculative_sampling"
 
 
 @dataclass(kw_only=True)
@@ -98,9 +103,33 @@ class SpeculativeBeamSearchConfig(BeamSearchConfig):
         return DraftShape.of(beam_size=self.beam_size, **draft_keywords(self))
 
 
+@dataclass(kw_only=True)
+class SpeculativeSamplingConfig(SamplingConfig):
+    """`SamplingConfig` plus the draft; outputs follow the same distribution as
+    fairseq2's sampling (speculative sampling, specbeam/sampling.py)."""
+
+    draft_model: str
+    """The asset card name of the draft model; it must share the target's vocabulary."""
+
+    gamma: int = 4
+    """Tokens the draft samples per target pass."""
+
+    def validate(self) -> ValidationResult:
+        result = super().validate()
+
+        if not self.draft_model:
+            result.add_error("`draft_model` must be the name of a model asset card.")
+
+        if self.gamma < 1:
+            result.add_error(f"`gamma` must be ≥ 1, but is {self.gamma!r} instead.")
+
+        return result
+
+
 @final
-class _SpeculativeBeamSearchSeq2SeqGeneratorFactory:
-    """fairseq2's `_BeamSearchSeq2SeqGeneratorFactory`, plus loading the draft.
+class _SpeculativeSeq2SeqGeneratorFactory:
+    """fairseq2's `_BeamSearchSeq2SeqGeneratorFactory` and
+    `_SamplingSeq2SeqGeneratorFactory`, plus loading the draft.
 
     Both models must be `TransformerModel`s: the draft tree is decoded with tree masks
     through their decoders.
@@ -157,6 +186,43 @@ class _SpeculativeBeamSearchSeq2SeqGeneratorFactory:
             **draft_keywords(config),
         )
 
+    def create_sampling(self, config: SpeculativeSamplingConfig) -> Seq2SeqGenerator:
+        try:
+            sampler = self._component_manager.create_component(
+                Sampler, config.sampler.name, config.sampler.config
+            )
+        except ComponentNotKnownError:
+            raise SamplerNotKnownError(config.sampler.name) from None
+
+        if not isinstance(self._model, TransformerModel):
+            raise_model_type_not_valid_error(self._model, TransformerModel)
+
+        draft_model = self._load_draft_model(config.draft_model, self._model)
+
+        max_gen_len = config.max_gen_len
+
+        if isinstance(max_gen_len, int):
+            max_gen_len = (0.0, max_gen_len)
+
+        return SpeculativeSamplingSeq2SeqGenerator(
+            self._model,
+            draft_model,
+            self._tokenizer.vocab_info,
+            sampler,
+            min_gen_len=config.min_gen_len,
+            max_gen_len=max_gen_len,
+            max_seq_len=config.max_seq_len,
+            echo_prompt=config.echo_prompt,
+            compute_scores=config.compute_scores,
+            normalize_scores=config.normalize_scores,
+            temperature=config.temperature,
+            unk_penalty=config.unk_penalty,
+            len_penalty=config.len_penalty,
+            prefill_chunk_size=config.prefill_chunk_size,
+            decode_capacity_increment=config.decode_capacity_increment,
+            gamma=config.gamma,
+        )
+
     def _load_draft_model(self, name: str, target: TransformerModel) -> TransformerModel:
         """Loads the draft on the recipe's gangs, in the target's data type, frozen."""
         dtype = next(target.parameters()).dtype
@@ -184,21 +250,22 @@ class _SpeculativeBeamSearchSeq2SeqGeneratorFactory:
 
 
 def register_specbeam(container: DependencyContainer) -> None:
-    """Registers `speculative_beam_search` and `speculative_greedy` Seq2SeqGenerators."""
+    """Registers the `speculative_beam_search`, `speculative_greedy` and
+    `speculative_sampling` Seq2SeqGenerators."""
 
     def create_factory(
         resolver: DependencyResolver,
-    ) -> _SpeculativeBeamSearchSeq2SeqGeneratorFactory:
+    ) -> _SpeculativeSeq2SeqGeneratorFactory:
         model = resolver.resolve(Module, key="model")
 
-        return wire_object(resolver, _SpeculativeBeamSearchSeq2SeqGeneratorFactory, model=model)
+        return wire_object(resolver, _SpeculativeSeq2SeqGeneratorFactory, model=model)
 
-    container.register(_SpeculativeBeamSearchSeq2SeqGeneratorFactory, create_factory)
+    container.register(_SpeculativeSeq2SeqGeneratorFactory, create_factory)
 
     def create_beam_search(
         resolver: DependencyResolver, config: SpeculativeBeamSearchConfig
     ) -> Seq2SeqGenerator:
-        factory = resolver.resolve(_SpeculativeBeamSearchSeq2SeqGeneratorFactory)
+        factory = resolver.resolve(_SpeculativeSeq2SeqGeneratorFactory)
 
         return factory.create(config)
 
@@ -223,4 +290,19 @@ def register_specbeam(container: DependencyContainer) -> None:
         SPECULATIVE_GREEDY_GENERATOR,
         config_kls=SpeculativeBeamSearchConfig,
         factory=create_greedy,
+    )
+
+    def create_sampling(
+        resolver: DependencyResolver, config: SpeculativeSamplingConfig
+    ) -> Seq2SeqGenerator:
+        factory = resolver.resolve(_SpeculativeSeq2SeqGeneratorFactory)
+
+        return factory.create_sampling(config)
+
+    register_component(
+        container,
+        Seq2SeqGenerator,
+        SPECULATIVE_SAMPLING_GENERATOR,
+        config_kls=SpeculativeSamplingConfig,
+        factory=create_sampling,
     )

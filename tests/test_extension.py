@@ -50,11 +50,13 @@ from typing_extensions import override
 from specbeam.data import pad
 from specbeam.extension import (
     SPECULATIVE_GREEDY_GENERATOR,
+    SPECULATIVE_SAMPLING_GENERATOR,
     SpeculativeBeamSearchConfig,
     register_specbeam,
 )
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator, SpeculativeGeneratorOutput
 from specbeam.models import ModelArch
+from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 from tests.conftest import DRAFT_ARCH, PROMPT, TARGET_ARCH, VOCAB, sources
 
 SCORE_TOL = 1e-5  # as in test_generator.py: tree-masked fp32 log-probs differ by ≤ 1e-6
@@ -179,6 +181,8 @@ class _TranslateRecipe(Recipe):
     def create_task(self, context: RecipeContext) -> Task:
         section = context.get_config_as(_TranslateConfig).seq2seq_generator
         generator = context.get_seq2seq_generator()
+        if section.name == SPECULATIVE_SAMPLING_GENERATOR:
+            return _OneCallTask(lambda: self._translate(generator, None))
 
         # The same settings, through fairseq2's own beam search component.
         base_config = BeamSearchConfig(
@@ -190,14 +194,15 @@ class _TranslateRecipe(Recipe):
             Seq2SeqGenerator, BEAM_SEARCH_GENERATOR, base_config
         )
 
-        def translate() -> None:
-            src, src_layout = pad(sources(seed=7, batch=6), VOCAB.pad_idx)
-            prompts, prompt_layout = pad([PROMPT] * 6, VOCAB.pad_idx)
-            self.outputs.generator = generator
-            self.outputs.spec = generator(src, src_layout, prompts, prompt_layout)
-            self.outputs.base = base_generator(src, src_layout, prompts, prompt_layout)
+        return _OneCallTask(lambda: self._translate(generator, base_generator))
 
-        return _OneCallTask(translate)
+    def _translate(self, generator: Seq2SeqGenerator, base: Seq2SeqGenerator | None) -> None:
+        src, src_layout = pad(sources(seed=7, batch=6), VOCAB.pad_idx)
+        prompts, prompt_layout = pad([PROMPT] * 6, VOCAB.pad_idx)
+        self.outputs.generator = generator
+        self.outputs.spec = generator(src, src_layout, prompts, prompt_layout)
+        if base is not None:
+            self.outputs.base = base(src, src_layout, prompts, prompt_layout)
 
     @property
     @override
@@ -310,3 +315,29 @@ def test_recipe_selects_generator_by_name(
     assert isinstance(out.spec, SpeculativeGeneratorOutput)
     assert out.spec.stats.target_passes > 0
     _assert_same(out.base, out.spec)
+
+
+@pytest.mark.usefixtures("restore_process_state")
+def test_recipe_selects_speculative_sampling_by_name(
+    tmp_path: Path,
+    assets_dir: Path,
+    tiny_target: TransformerModel,
+    tiny_draft: TransformerModel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fairseq2's sampler components (here top-k) drive the speculative sampler. The
+    section's default config is beam search's, so `set:` replaces it whole."""
+    overrides = [
+        f"seq2seq_generator.name={SPECULATIVE_SAMPLING_GENERATOR}",
+        "set:seq2seq_generator.config={draft_model: specbeam_test_draft, gamma: 3, "
+        "max_gen_len: 12, sampler: {name: top_k, config: {k: 5}}}",
+    ]
+    out = _run_recipe(monkeypatch, tmp_path / "out", assets_dir, overrides)
+    generator = out.generator
+    assert isinstance(generator, SpeculativeSamplingSeq2SeqGenerator)
+    _assert_same_weights(generator.model, tiny_target)
+    _assert_same_weights(generator._draft_model, tiny_draft)
+    assert isinstance(out.spec, SpeculativeGeneratorOutput)
+    assert [len(hyps) for hyps in out.spec.hypotheses] == [1] * 6
+    assert all(h.seq[-1] == VOCAB.eos_idx and len(h.seq) <= 12 for [h] in out.spec.hypotheses)
+    assert out.spec.stats.target_passes > 0
