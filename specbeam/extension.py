@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, final
 
+from fairseq2.composition import register_file_assets
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.gang import Gangs
 from fairseq2.generation import Seq2SeqGenerator
@@ -48,6 +49,7 @@ from torch.nn import Module
 from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.models import check_same_vocabulary
+from specbeam.paths import REPO_ROOT
 from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 
 SPECULATIVE_BEAM_SEARCH_GENERATOR: Final = "speculative_beam_search"
@@ -251,7 +253,10 @@ class _SpeculativeSeq2SeqGeneratorFactory:
 
 def register_specbeam(container: DependencyContainer) -> None:
     """Registers the `speculative_beam_search`, `speculative_greedy` and
-    `speculative_sampling` Seq2SeqGenerators."""
+    `speculative_sampling` Seq2SeqGenerators, and the embedded tasks' asset cards
+    (`tasks/*/cards/`), so their models and tokenizers load by name."""
+    for cards in sorted((REPO_ROOT / "tasks").glob("*/cards")):
+        register_file_assets(container, cards, not_exist_ok=True)
 
     def create_factory(
         resolver: DependencyResolver,

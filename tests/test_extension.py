@@ -11,11 +11,10 @@ tiny models' 48-token vocabulary belongs to no real tokenizer.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import NoneType
@@ -47,6 +46,7 @@ from fairseq2.runtime.dependency import DependencyContainer
 from fairseq2.task import Task
 from typing_extensions import override
 
+from specbeam.cards import model_card, write_cards
 from specbeam.data import pad
 from specbeam.extension import (
     SPECULATIVE_GREEDY_GENERATOR,
@@ -55,7 +55,7 @@ from specbeam.extension import (
     register_specbeam,
 )
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator, SpeculativeGeneratorOutput
-from specbeam.models import ModelArch
+from specbeam.models import save_model
 from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 from tests.conftest import DRAFT_ARCH, PROMPT, TARGET_ARCH, VOCAB, sources
 
@@ -210,24 +210,20 @@ class _TranslateRecipe(Recipe):
         return _TranslateConfig
 
 
-def _write_card(assets_dir: Path, name: str, model: TransformerModel, arch: ModelArch) -> None:
-    checkpoint = assets_dir / f"{name}.pt"
-    torch.save({"model": model.state_dict()}, checkpoint)
-    card = {
-        "name": name,
-        "model_family": "nllb",
-        "model_config": asdict(arch.to_nllb_config()),
-        "checkpoint": checkpoint.as_uri(),
-    }
-    (assets_dir / f"{name}.yaml").write_text(json.dumps(card))  # JSON is YAML
-
-
 @pytest.fixture
 def assets_dir(tmp_path: Path, tiny_target: TransformerModel, tiny_draft: TransformerModel) -> Path:
+    """Cards written by specbeam.cards for checkpoints written by specbeam.models."""
     assets_dir = tmp_path / "assets"
-    assets_dir.mkdir()
-    _write_card(assets_dir, "specbeam_test_target", tiny_target, TARGET_ARCH)
-    _write_card(assets_dir, "specbeam_test_draft", tiny_draft, DRAFT_ARCH)
+    (tmp_path / "models").mkdir()
+    cards = []
+    for name, model, arch in [
+        ("specbeam_test_target", tiny_target, TARGET_ARCH),
+        ("specbeam_test_draft", tiny_draft, DRAFT_ARCH),
+    ]:
+        checkpoint = tmp_path / "models" / f"{name}.pt"
+        save_model(model, arch, checkpoint, torch.float16)
+        cards.append(model_card(name, checkpoint, assets_dir))
+    write_cards(assets_dir / "cards.yaml", cards)
     return assets_dir
 
 
@@ -268,8 +264,8 @@ def _assert_same_weights(loaded: torch.nn.Module, trained: torch.nn.Module) -> N
     want = trained.state_dict()
     got = loaded.state_dict()
     assert got.keys() == want.keys()
-    for key, value in got.items():
-        assert torch.equal(value, want[key]), key
+    for key, value in got.items():  # the cards point at fp16 checkpoints, as shipped ones do
+        assert torch.equal(value, want[key].to(torch.float16).to(value.dtype)), key
 
 
 def _assert_same(base: SequenceGeneratorOutput, spec: SequenceGeneratorOutput) -> None:
