@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.generation import Seq2SeqGenerator
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from specbeam.decoding import DecodingConfig, make_generator
@@ -33,7 +34,7 @@ class PipelineConfig:
         refusing it: the draft belongs to the model pair, which every decoding shares
         (the default pair has one, and `decoding=beam` runs on it)."""
         self.hardware.apply()
-        self.decoding = self.hardware.tune(self.decoding)
+        self.decoding = self.hardware.tune(self.decoding, command_line_settings("decoding"))
         self.decoding.validate()
         if self.decoding.speculative and self.model.draft is None:
             raise ValueError(
@@ -50,6 +51,15 @@ class PipelineConfig:
             memory_budget_bytes=self.hardware.memory_budget_bytes,
         )  # fmt: skip
         return tokenizer, generator
+
+
+def command_line_settings(group: str) -> set[str]:
+    """Settings of a config group given on this Hydra app's command line
+    (`decoding.gamma=6` -> {"gamma"}); empty outside a Hydra app."""
+    if not HydraConfig.initialized():
+        return set()
+    names = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
+    return {n.split(".", 1)[1] for n in names if n.startswith(f"{group}.")}
 
 
 def parse_shard(shard: str) -> tuple[int, int]:

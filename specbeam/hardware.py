@@ -4,6 +4,7 @@ decoding settings that `python -m specbeam.calibrate` found fastest on this mach
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,8 +32,8 @@ class HardwareConfig:
     decoding a batch in chunks (same output), or a smaller draft; 0 = unlimited."""
     tuned: dict[str, dict[str, int]] = field(default_factory=dict)
     """Decoding name -> settings (gamma, draft_width) that replace the decoding file's on
-    this machine; written by specbeam.calibrate. They also replace command-line values
-    such as decoding.gamma=…; use a hardware config without them to set those by hand."""
+    this machine; written by specbeam.calibrate. Command-line values such as
+    decoding.gamma=… still win."""
 
     def apply(self) -> None:
         if self.device != "cpu":
@@ -60,12 +61,13 @@ class HardwareConfig:
     def memory_budget_bytes(self) -> int | None:
         return int(self.memory_budget_mb * MB) or None
 
-    def tune(self, decoding: DecodingConfig) -> DecodingConfig:
-        """`decoding` with this machine's calibrated settings for its name, if any."""
+    def tune(self, decoding: DecodingConfig, keep: Collection[str] = ()) -> DecodingConfig:
+        """`decoding` with this machine's calibrated settings for its name, if any, but
+        for the settings in `keep` (those the user gave explicitly)."""
         settings = self.tuned.get(decoding.name, {})
         unknown = set(settings) - {f.name for f in dataclasses.fields(decoding)}
         if unknown:
             raise ValueError(
                 f"hardware.tuned.{decoding.name} has unknown settings: {', '.join(sorted(unknown))}"
             )
-        return dataclasses.replace(decoding, **settings)
+        return dataclasses.replace(decoding, **{k: v for k, v in settings.items() if k not in keep})

@@ -8,14 +8,20 @@ import sys
 
 import pytest
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
+from fairseq2.generation.sampling import SamplingSeq2SeqGenerator
 from hydra import compose, initialize_config_dir
 
 import specbeam.translate  # noqa: F401  (registers translate_schema)
-from specbeam.app import check_group_choices, run_app
+from specbeam.app import check_group_choices, command_line_settings, run_app
+from specbeam.decoding import DecodingConfig
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.hardware import HardwareConfig
+from specbeam.inference import translate_texts
 from specbeam.paths import REPO_ROOT
+from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 
 BASE = ["model=tiny_random", "hardware.threads=1"]
+DECODINGS = ", ".join(sorted(p.stem for p in (REPO_ROOT / "conf" / "decoding").glob("*.yaml")))
 
 
 def build_error(*overrides: str) -> str:
@@ -37,6 +43,20 @@ def build_error(*overrides: str) -> str:
         (
             ["decoding.beam_size=5", "decoding.draft_width=3"],
             "decoding.draft_width=3 is invalid: must be ≥ beam_size (5)",
+        ),
+        (
+            ["decoding.draft_strategy=wide"],
+            "decoding.draft_strategy=wide is invalid: must be one of ('beam', 'linear', 'topm')",
+        ),
+        (["decoding.gamma_bounds=[3,2]"], "decoding.gamma_bounds=(3, 2) is invalid"),
+        (["decoding=relaxed", "decoding.relax_gap=-1"], "decoding.relax_gap=-1.0 is invalid"),
+        (
+            ["decoding=spec_sample", "decoding.sampler=greedy"],
+            "decoding.sampler=greedy is invalid: allowed: top_p, top_k",
+        ),
+        (
+            ["decoding=sample", "decoding.temperature=0"],
+            "decoding.temperature=0.0 is invalid: must be > 0",
         ),
         (
             ["hardware.memory_budget_mb=-1"],
@@ -72,7 +92,7 @@ def test_non_speculative_decoding_leaves_the_draft_unloaded() -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["decoding=nope"], "error: decoding=nope is unknown; allowed: beam, greedy, relaxed, spec_beam"),
+        (["decoding=nope"], f"error: decoding=nope is unknown; allowed: {DECODINGS}"),
         (["task=wmt"], "error: task=wmt is unknown; allowed: bible_es_en"),
         (["hardware=gpu"], "error: hardware=gpu is unknown; allowed: cpu"),
         (["-m", "decoding=beam,spec_bean"], "error: decoding=spec_bean is unknown; allowed: beam,"),
@@ -98,5 +118,34 @@ def test_unknown_decoding_ends_the_app_with_one_line(tmp_path) -> None:
     result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        "error: decoding=nope is unknown; allowed: beam, greedy, relaxed, spec_beam, spec_greedy"
+        f"error: decoding=nope is unknown; allowed: {DECODINGS}"
     ]
+
+
+@pytest.mark.parametrize(
+    ("decoding", "kind"),
+    [("sample", SamplingSeq2SeqGenerator), ("spec_sample", SpeculativeSamplingSeq2SeqGenerator)],
+)
+def test_sampling_decodings_are_reproducible_with_their_seed(decoding: str, kind: type) -> None:
+    """The seed is set when the generator is built, so a rerun draws the same samples."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        cfg = compose(
+            "translate", overrides=[*BASE, f"decoding={decoding}", "decoding.max_gen_len=[0.5,4]"]
+        )
+    runs = []
+    for _ in range(2):
+        tokenizer, generator = run_app(lambda c: c.build(), cfg)
+        assert isinstance(generator, kind)
+        texts = ["Hola mundo.", "Y dijo Dios."]
+        runs.append(translate_texts(generator, tokenizer, texts, "spa_Latn", "eng_Latn"))
+    assert runs[0] == runs[1]
+
+
+def test_command_line_settings_win_over_calibrated_ones() -> None:
+    """hardware.tuned fills in γ for spec_beam, unless decoding.gamma is on the command line."""
+    hw = HardwareConfig(tuned={"spec_beam": {"gamma": 7, "draft_width": 9}})
+    decoding = DecodingConfig(name="spec_beam", gamma=3)
+    assert hw.tune(decoding).gamma == 7
+    kept = hw.tune(decoding, keep={"gamma"})
+    assert (kept.gamma, kept.draft_width) == (3, 9)
+    assert command_line_settings("decoding") == set()  # outside a Hydra app
