@@ -5,7 +5,9 @@ Step j ranks the extensions of the current hypotheses exactly as
 k, the first k non-EOS continue). When every continuing hypothesis is a node of the
 draft tree, the target's next log-probs for it were verified in the same pass and step
 j + 1 follows; otherwise the source stops after step j. So each pass advances every
-source by 1 to D + 1 steps, and the result is plain beam search.
+source by 1 to D + 1 steps, and the result is plain beam search. One exception keeps a
+pass going: hypotheses off the tree whose own score (an upper bound on their children's)
+is below the 2k-th candidate of step j + 1 cannot affect it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class BeamAcceptor:
         self.k = beam_size
         self.finish = finish
         self.relax = relax
+        # Children never outscore their parent unless a bonus (negative UNK penalty) or
+        # a step processor can raise a log-prob; then every hypothesis must be verified.
+        self.bounded = rules.unk_penalty >= 0 and not rules.step_processors
 
     def score_prompt(self, state: BeamState, verification: Verification, prompt: Tensor) -> None:
         """fairseq2's prefill: cumulative log-probs of the prompts (S, P), temperature only."""
@@ -81,13 +86,25 @@ class BeamAcceptor:
         steps = torch.zeros(num_sources, dtype=torch.int64)
         accepted = torch.zeros(num_sources, dtype=torch.int64)
         final = (torch.zeros((num_sources, k), dtype=torch.int64), torch.full((num_sources, k), -1), torch.zeros((num_sources, k), dtype=torch.int64))  # fmt: skip
+        stop_here = final  # where each source ends if it cannot take the next step
+        known = torch.ones((num_sources, n), dtype=torch.bool)  # hypotheses with verified log-probs
         rows = torch.arange(num_sources)[:, None]
         for j in range(tree.depth + 1):
             step_nr = state.step_nr + j
             lprobs = self.rules.log_probs(verification.logits_at(slot))  # (S, n, V)
             vocab = lprobs.size(-1)
             self.rules.apply(lprobs, step_nr, seqs)
+            lprobs.masked_fill_(~known[..., None], -torch.inf)
             top, index = (scores[..., None] + lprobs).flatten(1).topk(min(2 * k, lprobs[0].numel()))
+            # A hypothesis off the tree has no verified log-probs, but its children score at
+            # most its own score: below the 2k-th candidate, none of them could be chosen.
+            unknown = (~known).any(-1)
+            fits = ~unknown | (scores.masked_fill(known, -torch.inf).amax(-1) < top[:, -1])
+            late = active & ~fits
+            if late.any():
+                for f, s in zip(final, stop_here, strict=True):
+                    f[late] = s[late]
+                active = active & fits
             parent, token = index // vocab, index % vocab
             is_eos = token == self.rules.eos_idx
             finishing = is_eos[:, :k] & active[:, None]
@@ -107,7 +124,8 @@ class BeamAcceptor:
             parent, token, top = parent.gather(1, keep), token.gather(1, keep), top.gather(1, keep)
             # Level j's id of each current hypothesis (its index below the roots).
             key = origin if j == 0 else node - (j - 1) * width
-            go_on, child = _in_tree(tree, j, key.gather(1, parent), token)
+            in_tree, child = _in_tree(tree, j, key.gather(1, parent), token)
+            go_on = in_tree.all(-1)
             if self.relax is not None and j < tree.depth and width >= k:
                 r = relaxed_step(self.relax, lprobs, scores, key, tree, j, k)
                 swap = (r.ok & ~go_on)[:, None]
@@ -116,7 +134,10 @@ class BeamAcceptor:
                     torch.where(swap, r.token, token),
                 )
                 top, child = torch.where(swap, r.score, top), torch.where(swap, r.child, child)
+                in_tree |= swap
                 go_on |= swap[:, 0]
+            if self.bounded:
+                go_on |= in_tree.any(-1)  # the next step checks the others are out of reach
             go_on &= active & ~done
             new_seqs, new_step_scores = seqs[rows, parent], step_scores[rows, parent]
             # Sources that stopped earlier in this pass may run past the end; discarded below.
@@ -124,19 +145,18 @@ class BeamAcceptor:
             new_seqs.scatter_(2, at, token[..., None])
             new_step_scores.scatter_(2, at, top[..., None])
             origin, parent_node = origin.gather(1, parent), node.gather(1, parent)
+            stop_here = (origin, parent_node, token)
             stop = active & ~go_on & ~done
-            final[0][stop], final[1][stop], final[2][stop] = (
-                origin[stop],
-                parent_node[stop],
-                token[stop],
-            )
+            for f, s in zip(final, stop_here, strict=True):
+                f[stop] = s[stop]
             steps += active
-            accepted += go_on * k
+            accepted += (go_on[:, None] & in_tree).sum(-1)
             update = active[:, None]
             scores = torch.where(update, top, scores)
             seqs = torch.where(update[..., None], new_seqs, seqs)
             step_scores = torch.where(update[..., None], new_step_scores, step_scores)
-            node = torch.where(go_on[:, None], child, parent_node)
+            known = in_tree | ~go_on[:, None]
+            node = torch.where(go_on[:, None] & in_tree, child, parent_node)
             slot = verification.slot_of(origin, node)
             active = go_on
             if not active.any():
@@ -171,12 +191,12 @@ class BeamAcceptor:
 
 
 def _in_tree(tree: DraftTree, j: int, key: Tensor, token: Tensor) -> tuple[Tensor, Tensor]:
-    """Is every new hypothesis (its parent's level-j key and token, each (S, k)) a node of
-    level j, so that its log-probs were verified? Also returns those nodes' ids."""
+    """Which new hypotheses (their parent's level-j key and token, each (S, k)) are nodes
+    of level j, so that their log-probs were verified; and those nodes' ids."""
     if j >= tree.depth:
-        return torch.zeros(key.size(0), dtype=torch.bool), key
+        return torch.zeros_like(key, dtype=torch.bool), key
     match = (tree.parents[:, j, None, :] == key[..., None]) & (
         tree.tokens[:, j, None, :] == token[..., None]
     )
     match &= tree.valid[:, j, None, :]
-    return match.any(-1).all(-1), j * tree.width + match.int().argmax(-1)
+    return match.any(-1), j * tree.width + match.int().argmax(-1)

@@ -17,6 +17,7 @@ import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.generation.step_processor import NGramRepeatBlockProcessor
 
+from specbeam.accept import BeamAcceptor
 from specbeam.data import pad
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.models import build_shallow_draft
@@ -323,3 +324,29 @@ def test_adaptive_gamma_follows_acceptance(
         runs[name] = spec.stats
     assert runs["copy, adaptive"].tau > runs["copy, fixed"].tau + 0.5
     assert runs["untrained, adaptive"].drafted_tokens < runs["untrained, fixed"].drafted_tokens
+
+
+def test_out_of_tree_hypotheses_below_the_cut_do_not_stop_a_pass(
+    tiny_target, copy_draft, vocab_info, monkeypatch
+) -> None:
+    """With a node budget the lowest hypotheses fall off the tree; a pass may still go
+    on when their best possible children (≤ their own score) rank below the 2k-th
+    candidate. Same output, more steps per pass than without that bound."""
+    case = Case.draw(6)
+    case.beam_size, case.gamma, case.strategy, case.draft_width, case.batch = 4, 4, "beam", None, 8
+    case.min_gen_len, case.max_gen_len, case.extra, case.max_draft_nodes = 1, (2.0, 5), {}, 6
+    case.shape = {}
+    original = BeamAcceptor.__init__
+
+    def unbounded(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        self.bounded = False
+
+    taus = {}
+    for bounded in (True, False):
+        if not bounded:
+            monkeypatch.setattr(BeamAcceptor, "__init__", unbounded)
+        base, spec = run_both(case, tiny_target, copy_draft, vocab_info)
+        assert_same(base, spec)
+        taus[bounded] = spec.stats.tau
+    assert taus[True] > taus[False] + 0.05, taus
