@@ -16,8 +16,9 @@ target's beam keeps k per step, so such nodes are unlikely to be on its path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal, final
 
 import torch
@@ -28,6 +29,8 @@ from specbeam.tree import DraftTree
 from specbeam.tree_attention import SlotTable, TreeDecoder
 
 DraftStrategy = Literal["beam", "linear", "topm"]
+ChooseChildren = Callable[[Tensor, int, int], tuple[Tensor, Tensor, Tensor]]
+"""(cand (S, m, V) cumulative scores, width, level) -> score, parent, token; (S, width)."""
 DRAFT_STRATEGIES: tuple[str, ...] = ("beam", "linear", "topm")
 DRAFT_KEYWORDS: tuple[str, ...] = (
     "gamma", "draft_strategy", "draft_width", "max_draft_nodes", "draft_branch",
@@ -117,7 +120,7 @@ class DraftShape:
             ("draft_branch_depth", self.branch_depth, self.branch_depth >= 0, "≥ 0"),
             ("draft_branch_below", self.branch_below, 0.0 < self.branch_below <= 1.0, "in (0, 1]"),
             ("draft_prune_margin", self.prune_margin, self.prune_margin is None or self.prune_margin >= 0, "≥ 0 or None"),
-            ("max_draft_nodes", self.max_nodes, self.max_nodes is None or self.max_nodes >= 1, "≥ 1 or None"),
+            ("max_draft_nodes", self.max_nodes, self.max_nodes is None or self.max_nodes >= max(self.depth, 1), f"≥ gamma ({self.depth}) or None: a smaller budget cannot hold one drafted path"),
             ("gamma_bounds", self.depth_bounds, self.depth_bounds is None or 1 <= self.depth_bounds[0] <= self.depth <= self.depth_bounds[1], f"[lo, hi] with 1 ≤ lo ≤ gamma ({self.depth}) ≤ hi, or None"),
         ]  # fmt: skip
         return [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
@@ -134,13 +137,21 @@ class Drafter:
     (accepted tokens the draft has not decoded yet, ending with the root)."""
 
     def __init__(
-        self, decoder: TreeDecoder, rules: ScoringRules, prompt: Tensor, shape: DraftShape
+        self,
+        decoder: TreeDecoder,
+        rules: ScoringRules,
+        prompt: Tensor,
+        shape: DraftShape,
+        choose: ChooseChildren | None = None,
     ) -> None:
+        """`choose` replaces the shape's choice of children (speculative sampling draws
+        them)."""
         num_sources = decoder.cache.lens.size(0)
         k = decoder.cache.k
         self.decoder = decoder
         self.rules = rules
         self.shape = shape
+        self.choose: ChooseChildren = choose or partial(children, shape)
         # (S, k, c) right-aligned pending chains; all hypotheses of a source share c.
         self.pending = prompt.expand(num_sources, k, -1).clone()
         self.pending_len = torch.full((num_sources,), prompt.size(-1), dtype=torch.int64)
@@ -168,7 +179,7 @@ class Drafter:
             lprobs[..., self.rules.eos_idx] = -torch.inf  # a finished hypothesis needs no draft
             if self.rules.pad_idx is not None:
                 lprobs[..., self.rules.pad_idx] = -torch.inf
-            score, parent, token = children(self.shape, cum[..., None] + lprobs, width, d)
+            score, parent, token = self.choose(cum[..., None] + lprobs, width, d)
             if self.shape.prune_margin is not None:
                 kth = score.topk(min(self.shape.beam_size, score.size(1)), dim=1).values[:, -1:]
                 score = score.masked_fill(score < kth - self.shape.prune_margin, -torch.inf)

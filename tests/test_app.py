@@ -49,6 +49,10 @@ def build_error(*overrides: str) -> str:
             "decoding.draft_strategy=wide is invalid: must be one of ('beam', 'linear', 'topm')",
         ),
         (["decoding.gamma_bounds=[3,2]"], "decoding.gamma_bounds=(3, 2) is invalid"),
+        (
+            ["decoding.gamma=4", "decoding.max_draft_nodes=2"],
+            "decoding.max_draft_nodes=2 is invalid: must be ≥ gamma (4) or None",
+        ),
         (["decoding=relaxed", "decoding.relax_gap=-1"], "decoding.relax_gap=-1.0 is invalid"),
         (
             ["decoding=spec_sample", "decoding.sampler=greedy"],

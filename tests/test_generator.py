@@ -58,7 +58,7 @@ class Case:
             extra["echo_prompt"] = True
         if rng.random() < 0.1:
             extra["step_processors"] = [NGramRepeatBlockProcessor(ngram_size=2)]
-        return Case(
+        case = Case(
             seed=seed,
             batch=rng.randint(1, 6),
             beam_size=beam,
@@ -67,7 +67,7 @@ class Case:
             draft_width=rng.choice([None, beam + rng.randint(1, 3)])
             if strategy == "beam"
             else None,
-            max_draft_nodes=rng.choice([None, None, rng.randint(1, 12)]),
+            max_draft_nodes=rng.choice([None, None, rng.randint(1, 12)]),  # raised to γ below
             len_penalty=rng.choice([1.0, 1.0, 0.6, 1.4]),
             min_gen_len=rng.choice([1, 1, 3, 8]),
             max_gen_len=rng.choice([(2.0, 5), (1.0, 3), (0.0, 9), (3.0, 10)]),
@@ -75,6 +75,9 @@ class Case:
             extra=extra,
             shape=Case.draw_shape(rng, beam, gamma),
         )
+        if case.max_draft_nodes is not None:
+            case.max_draft_nodes = max(case.max_draft_nodes, case.gamma)
+        return case
 
     @staticmethod
     def draw_shape(rng: random.Random, beam: int, gamma: int) -> dict:
