@@ -37,8 +37,8 @@ from specbeam.calibrate import (
     step_ms,
 )
 from specbeam.compare import MethodRun, run_side_by_side
-from specbeam.decoding import DecodingConfig, make_generator
-from specbeam.evaluate import EvaluateConfig, load_decoding
+from specbeam.decoding import DecodingConfig, load_decoding, make_generator
+from specbeam.evaluate import EvaluateConfig
 from specbeam.models import ModelPairConfig, load_pair
 from specbeam.paths import REPO_ROOT
 

@@ -44,8 +44,7 @@ from typing_extensions import override
 from specbeam.app import run_app
 from specbeam.compare import MethodRun, run_side_by_side
 from specbeam.data import pad
-from specbeam.decoding import DecodingConfig, make_generator
-from specbeam.evaluate import load_decoding
+from specbeam.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.hardware import HardwareConfig
 from specbeam.models import ModelPairConfig, load_pair
 from specbeam.paths import REPO_ROOT

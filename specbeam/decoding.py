@@ -4,20 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from fairseq2.data.tokenizers import VocabularyInfo
 from fairseq2.generation import Seq2SeqGenerator
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
+from fairseq2.generation.sampling import SamplingSeq2SeqGenerator, TopKSampler, TopPSampler
 from fairseq2.models.seq2seq import Seq2SeqModel
+from omegaconf import OmegaConf
 
 from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.paths import REPO_ROOT
 from specbeam.relax import Relaxation
+from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 
 
 @dataclass(kw_only=True)
 class DecodingConfig:
     name: str = "spec_beam"
     speculative: bool = True
+    search: str = "beam"
+    """beam: fairseq2's beam search (exact speculation); sample: fairseq2's sampling
+    (speculative sampling: the same distribution of outputs)."""
     beam_size: int = 5
     gamma: int = 4
     draft_strategy: str = "beam"
@@ -38,12 +46,24 @@ class DecodingConfig:
     max_gen_len: list[float] = field(default_factory=lambda: [1.5, 10])
     """a, b: at most a × (longest source in the batch) + b tokens."""
     unk_penalty: float = 0.0
+    sampler: str = "top_p"
+    """sample: top_p or top_k."""
+    top_p: float = 0.9
+    top_k: int = 50
+    seed: int = 0
+    """sample: seeds torch's generator, which fairseq2's samplers draw from."""
     temperature: float = 1.0
 
     def validate(self) -> None:
         def bad(setting: str, value: object, allowed: str) -> ValueError:
             return ValueError(f"decoding.{setting}={value} is invalid: {allowed}")
 
+        if self.search not in ("beam", "sample"):
+            raise bad("search", self.search, "allowed: beam, sample")
+        if self.sampler not in ("top_p", "top_k"):
+            raise bad("sampler", self.sampler, "allowed: top_p, top_k")
+        if self.temperature <= 0:
+            raise bad("temperature", self.temperature, "must be > 0")
         if self.beam_size < 1:
             raise bad("beam_size", self.beam_size, "must be ≥ 1")
         if len(self.max_gen_len) != 2:
@@ -68,6 +88,23 @@ class DecodingConfig:
         return Relaxation(self.relax_top, self.relax_gap) if self.relax_top > 0 else None
 
 
+def load_decoding(method: str) -> DecodingConfig:
+    """`name` or `name:key=value;key=value`, e.g. `spec_beam:gamma=6;draft_width=8`."""
+    name, _, overrides = method.partition(":")
+    path = REPO_ROOT / "conf" / "decoding" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ValueError(f"methods: unknown decoding '{name}'; allowed: {known}")
+    dotlist = [item for item in overrides.split(";") if item]
+    merged = OmegaConf.merge(
+        OmegaConf.structured(DecodingConfig),
+        OmegaConf.load(path),
+        OmegaConf.from_dotlist(dotlist),
+        {"name": method},
+    )
+    return OmegaConf.to_object(merged)
+
+
 def make_generator(
     cfg: DecodingConfig,
     target: Seq2SeqModel,
@@ -80,17 +117,30 @@ def make_generator(
     fairseq2's beam search sizes its own cache."""
     cfg.validate()
     common = dict(
-        beam_size=cfg.beam_size,
         len_penalty=cfg.len_penalty,
         min_gen_len=cfg.min_gen_len,
         max_gen_len=(float(cfg.max_gen_len[0]), int(cfg.max_gen_len[1])),
         unk_penalty=cfg.unk_penalty,
         temperature=cfg.temperature,
     )
+    if cfg.speculative and draft is None:
+        raise ValueError(f"decoding={cfg.name} is speculative but the model pair has no draft")
+    if cfg.search == "sample":
+        torch.manual_seed(cfg.seed)
+        sampler = TopPSampler(cfg.top_p) if cfg.sampler == "top_p" else TopKSampler(cfg.top_k)
+        if not cfg.speculative:
+            return SamplingSeq2SeqGenerator(target, vocab_info, sampler, **common)
+        return SpeculativeSamplingSeq2SeqGenerator(
+            target,
+            draft,
+            vocab_info,
+            sampler,
+            gamma=cfg.gamma,
+            **common,  # type: ignore[arg-type]
+        )
+    common["beam_size"] = cfg.beam_size
     if not cfg.speculative:
         return BeamSearchSeq2SeqGenerator(target, vocab_info, **common)
-    if draft is None:
-        raise ValueError(f"decoding={cfg.name} is speculative but the model pair has no draft")
     return SpeculativeBeamSearchSeq2SeqGenerator(
         target, draft, vocab_info, **draft_keywords(cfg), relaxation=cfg.relaxation(),
         memory_budget_bytes=memory_budget_bytes, **common,

@@ -28,10 +28,9 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from specbeam.app import check_group_choices, run_app
 from specbeam.compare import MethodRun, run_side_by_side
-from specbeam.decoding import DecodingConfig, make_generator
+from specbeam.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.hardware import HardwareConfig
 from specbeam.models import ModelPairConfig, load_pair
-from specbeam.paths import REPO_ROOT
 from specbeam.task import TaskConfig
 
 matplotlib.use("Agg")
@@ -56,27 +55,13 @@ class EvaluateConfig:
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 
 
-def load_decoding(method: str) -> DecodingConfig:
-    """`name` or `name:key=value;key=value`, e.g. `spec_beam:gamma=6;draft_width=8`."""
-    name, _, overrides = method.partition(":")
-    path = REPO_ROOT / "conf" / "decoding" / f"{name}.yaml"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
-        raise ValueError(f"methods: unknown decoding '{name}'; allowed: {known}")
-    dotlist = [item for item in overrides.split(";") if item]
-    merged = OmegaConf.merge(
-        OmegaConf.structured(DecodingConfig),
-        OmegaConf.load(path),
-        OmegaConf.from_dotlist(dotlist),
-        {"name": method},
-    )
-    return OmegaConf.to_object(merged)
-
-
 def baseline_index(decodings: list[DecodingConfig], i: int) -> int:
-    """A method is compared with the first plain method of its beam size, else the first."""
+    """A method is compared with the first plain method of its search (beam size, or
+    sampling), else the first."""
+    me = decodings[i]
     for j, d in enumerate(decodings):
-        if not d.speculative and d.beam_size == decodings[i].beam_size:
+        same = d.search == me.search and (d.search == "sample" or d.beam_size == me.beam_size)
+        if not d.speculative and same:
             return j
     return 0
 

@@ -3,10 +3,12 @@
 python -m specbeam.translate input=src.es output=out.en
 echo "En el principio crió Dios los cielos y la tierra." | python -m specbeam.translate
 python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam search
+python -m specbeam.translate compare=beam ...        # and print the speedup over it
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -20,6 +22,8 @@ from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
 from specbeam.app import PipelineConfig, check_group_choices, run_app, shard_range
+from specbeam.compare import MethodRun, run_side_by_side
+from specbeam.decoding import load_decoding, make_generator
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.inference import translate_texts
 from specbeam.textio import ResumableOutput, job_fingerprint, read_lines
@@ -40,9 +44,15 @@ class TranslateConfig(PipelineConfig):
     (scripts/merge_shards.py joins the outputs)."""
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
+    compare: str | None = None
+    """A decoding (e.g. beam) to time against this one afterwards on the same lines, one
+    sentence at a time, interleaved: prints the speedup and how many outputs are identical."""
 
 
 ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
+
+_SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperature")
+"""Decoding settings that define the task rather than the search: compare= keeps them."""
 
 
 def translate(cfg: TranslateConfig) -> None:
@@ -81,6 +91,40 @@ def translate(cfg: TranslateConfig) -> None:
     out.finish()
     if stats is not None:
         stats.finish()
+    if cfg.compare:
+        print(
+            compare_line(cfg, tokenizer, generator, [t for t in lines if t.strip()]),
+            file=sys.stderr,
+        )
+
+
+def compare_line(
+    cfg: TranslateConfig, tokenizer: Tokenizer, generator: Seq2SeqGenerator, texts: list[str]
+) -> str:
+    """Decodes `texts` with both decodings, batch by batch in turn (same models, inputs
+    and threads), and says how they compare. The baseline keeps this run's length and
+    scoring settings; its search (and beam size) is its own, e.g. `beam:beam_size=4`."""
+    shared = {f: getattr(cfg.decoding, f) for f in _SHARED}
+    baseline = dataclasses.replace(load_decoding(cfg.compare), **shared)  # type: ignore[arg-type]
+    if baseline.speculative:
+        raise ValueError(f"compare={cfg.compare} is speculative: compare with a plain decoding")
+    runs = [
+        MethodRun(
+            cfg.compare, make_generator(baseline, generator.model, None, tokenizer.vocab_info)
+        ),  # type: ignore[arg-type]
+        MethodRun(cfg.decoding.name, generator),
+    ]
+    run_side_by_side(runs, tokenizer, texts, cfg.task.src_lang, cfg.task.tgt_lang, batch_size=1)
+    base, ours = runs
+    same = sum(a == b for a, b in zip(base.outputs, ours.outputs, strict=True))
+    line = (
+        f"{ours.name}: {base.total_seconds / ours.total_seconds:.2f}× the speed of "
+        f"{base.name} ({ours.total_seconds:.2f} s vs {base.total_seconds:.2f} s for "
+        f"{len(texts)} sentences, one at a time); identical outputs: {same}/{len(texts)}"
+    )
+    if ours.stats.target_passes:
+        line += f"; τ {ours.stats.tau:.2f} steps per target pass"
+    return line
 
 
 def translate_chunk(

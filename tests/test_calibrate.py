@@ -22,7 +22,8 @@ from specbeam.calibrate import (
     fit_linear,
     predict_speedup,
 )
-from specbeam.evaluate import EvaluateConfig, load_decoding
+from specbeam.decoding import load_decoding
+from specbeam.evaluate import EvaluateConfig
 from specbeam.hardware import HardwareConfig
 from specbeam.models import ModelPairConfig, build_model
 from tests.conftest import TARGET_ARCH, sources

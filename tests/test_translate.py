@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -255,3 +256,15 @@ def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines,
         if len(tokens) > limit:
             tokens = torch.cat([tokens[: limit - 1], tokens[-1:]])
         assert text in spec.seen[tuple(tokens.tolist())]  # this line's own translation
+
+
+def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file) -> None:
+    result = run(tmp_path, f"input={source_file}", f"output={tmp_path}/out.en", "compare=beam")
+    assert result.returncode == 0, result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"spec_beam: \d+\.\d\d× the speed of beam \(\d+\.\d\d s vs \d+\.\d\d s for 3 sentences, "
+        r"one at a time\); identical outputs: 3/3; τ \d\.\d\d steps per target pass",
+        summary,
+    ), summary
+    assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == len(LINES)
