@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, final
 
+from fairseq2.assets import AssetStore
 from fairseq2.composition import register_file_assets
 from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.data.tokenizers.hub import GlobalTokenizerLoader
 from fairseq2.gang import Gangs
 from fairseq2.generation import Seq2SeqGenerator
 from fairseq2.generation.beam_search import BeamSearchAlgorithm
@@ -48,7 +50,7 @@ from torch.nn import Module
 
 from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from specbeam.models import check_same_vocabulary
+from specbeam.models import check_same_pieces, check_same_vocabulary
 from specbeam.paths import REPO_ROOT
 from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 
@@ -143,12 +145,16 @@ class _SpeculativeSeq2SeqGeneratorFactory:
         tokenizer: Tokenizer,
         component_manager: ComponentManager,
         model_loader: GlobalModelLoader,
+        tokenizer_loader: GlobalTokenizerLoader,
+        asset_store: AssetStore,
         gangs: Gangs,
     ) -> None:
         self._model = model
         self._tokenizer = tokenizer
         self._component_manager = component_manager
         self._model_loader = model_loader
+        self._tokenizer_loader = tokenizer_loader
+        self._asset_store = asset_store
         self._gangs = gangs
 
     def create(self, config: SpeculativeBeamSearchConfig) -> Seq2SeqGenerator:
@@ -245,6 +251,12 @@ class _SpeculativeSeq2SeqGeneratorFactory:
             )
 
         check_same_vocabulary(target, draft_model)
+
+        # A draft card that names its tokenizer must use the recipe's pieces.
+        if self._asset_store.retrieve_card(name).maybe_get_field("tokenizer_family") is not None:
+            draft_tokenizer = self._tokenizer_loader.load(name, self._gangs, None)
+
+            check_same_pieces(self._tokenizer, draft_tokenizer)
 
         draft_model.requires_grad_(False)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, final
 
 import torch
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.data.tokenizers.sentencepiece import SentencePieceModel
 from fairseq2.models.nllb import NllbConfig, NllbFactory, create_nllb_model
 from fairseq2.models.transformer import (
     IdentityBias,
@@ -218,3 +220,28 @@ def check_same_vocabulary(target: TransformerModel, draft: TransformerModel) -> 
         raise ValueError(
             f"draft pad index {draft.pad_idx} differs from the target's {target.pad_idx}"
         )
+
+
+def tokenizer_pieces(tokenizer: Tokenizer) -> list[str] | None:
+    """The pieces of the SentencePiece model behind a fairseq2 tokenizer (NLLB, and
+    fairseq2's other SentencePiece tokenizers keep it as `_model`); None for others."""
+    model = getattr(tokenizer, "_model", None)
+    if not isinstance(model, SentencePieceModel):
+        return None
+    return [model.index_to_token(i) for i in range(model.vocabulary_size)]
+
+
+def check_same_pieces(target: Tokenizer, draft: Tokenizer) -> None:
+    """Same sizes and special indices can still hide different vocabularies; where both
+    tokenizers are SentencePiece models, every piece must match."""
+    ours, theirs = tokenizer_pieces(target), tokenizer_pieces(draft)
+    if ours is None or theirs is None:
+        return
+    if len(ours) != len(theirs):
+        raise ValueError(f"draft tokenizer has {len(theirs)} pieces, the target's has {len(ours)}")
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a != b:
+            raise ValueError(
+                f"draft tokenizer piece {i} is {b!r} where the target's is {a!r}: "
+                "the two models do not share a vocabulary"
+            )

@@ -46,7 +46,8 @@ from fairseq2.runtime.dependency import DependencyContainer
 from fairseq2.task import Task
 from typing_extensions import override
 
-from specbeam.cards import model_card, write_cards
+from specbeam import extension
+from specbeam.cards import model_card, tokenizer_fields, write_cards
 from specbeam.data import pad
 from specbeam.extension import (
     SPECULATIVE_GREEDY_GENERATOR,
@@ -222,7 +223,11 @@ def assets_dir(tmp_path: Path, tiny_target: TransformerModel, tiny_draft: Transf
     ]:
         checkpoint = tmp_path / "models" / f"{name}.pt"
         save_model(model, arch, checkpoint, torch.float16)
-        cards.append(model_card(name, checkpoint, assets_dir))
+        card = model_card(name, checkpoint, assets_dir)
+        if name == "specbeam_test_draft":  # a draft card naming its tokenizer gets it checked
+            spm = Path(__file__).resolve().parents[1] / "tasks/bible_es_en/spm.model"
+            card.update(tokenizer_fields(spm, assets_dir, ["spa_Latn", "eng_Latn"], "eng_Latn"))
+        cards.append(card)
     write_cards(assets_dir / "cards.yaml", cards)
     return assets_dir
 
@@ -298,7 +303,12 @@ def test_recipe_selects_generator_by_name(
         "seq2seq_generator.config.beam_size=3",  # speculative_greedy ignores it
         "seq2seq_generator.config.max_gen_len=24",
     ]
+    checked = []
+    monkeypatch.setattr(
+        extension, "check_same_pieces", lambda target, draft: checked.append(type(draft).__name__)
+    )
     out = _run_recipe(monkeypatch, tmp_path / "out", assets_dir, overrides)
+    assert checked == ["NllbTokenizer"]  # the draft card's tokenizer, against the recipe's
 
     generator = out.generator
     assert isinstance(generator, SpeculativeBeamSearchSeq2SeqGenerator)

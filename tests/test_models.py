@@ -12,11 +12,13 @@ from specbeam.models import (
     build_model,
     build_shallow_draft,
     cast_draft,
+    check_same_pieces,
     check_same_vocabulary,
     load_model,
     num_parameters,
     save_model,
 )
+from specbeam.task import TaskConfig
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
 
@@ -53,3 +55,28 @@ def test_mismatched_vocabulary_is_refused(tiny_target) -> None:
         match=r"draft vocabulary \(50 entries\) differs from the target's \(48 entries\)",
     ):
         check_same_vocabulary(tiny_target, other)
+
+
+def test_tokenizers_with_different_pieces_are_refused(tmp_path) -> None:
+    """Same size and special indices, two pieces swapped: the pieces check finds it."""
+    from fairseq2.models.nllb import NllbTokenizerConfig, load_nllb_tokenizer
+    from sentencepiece import sentencepiece_model_pb2
+
+    task = TaskConfig()
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(task.path(task.tokenizer).read_bytes())
+    a, b = proto.pieces[100].piece, proto.pieces[101].piece
+    proto.pieces[100].piece, proto.pieces[101].piece = b, a
+    (tmp_path / "swapped.model").write_bytes(proto.SerializeToString())
+    config = NllbTokenizerConfig(langs=list(task.langs), default_lang=task.tgt_lang)
+    swapped = load_nllb_tokenizer(tmp_path / "swapped.model", config)
+    ours = task.load_tokenizer()
+    assert swapped.vocab_info == ours.vocab_info
+    check_same_pieces(ours, task.load_tokenizer())
+    first = min(ours._model.token_to_index(a), ours._model.token_to_index(b))
+    want_ours, want_theirs = (a, b) if ours._model.token_to_index(a) == first else (b, a)
+    message = (
+        f"draft tokenizer piece {first} is {want_theirs!r} where the target's is {want_ours!r}"
+    )
+    with pytest.raises(ValueError, match=message):
+        check_same_pieces(ours, swapped)
