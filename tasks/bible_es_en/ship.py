@@ -1,0 +1,67 @@
+"""Ships a trained pair: fp16 copies in models/ and fairseq2 asset cards in cards/.
+
+    python tasks/bible_es_en/ship.py --target ~/.cache/specbeam/target/best.pt \
+        --draft ~/.cache/specbeam/draft/best.pt
+
+The draft keeps its kind: a decoder over the target's encoder (`shallow_over`) is saved
+without the encoder and gets no fairseq2 card (it loads as part of the pair).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from specbeam.cards import model_card, tokenizer_fields, write_cards
+from specbeam.models import ModelArch, load_model, save_model
+from specbeam.task import TaskConfig
+
+HERE = Path(__file__).resolve().parent
+BUDGET_MB = 100  # target + draft + tokenizer
+
+
+def ship(source: Path, out: Path, target_source: Path | None = None) -> bool:
+    """Writes `source` in fp16 to `out`; returns whether it shares its target's encoder."""
+    ckpt = torch.load(source, map_location="cpu", weights_only=True)
+    shares = bool(ckpt.get("shares_encoder", False))
+    target = load_model(target_source) if shares and target_source else None
+    model = load_model(source, target=target)
+    save_model(model, ModelArch(**ckpt["arch"]), out, torch.float16, shares_encoder=shares)
+    return shares
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--draft", type=Path, required=True)
+    args = parser.parse_args()
+    models, cards_dir = HERE / "models", HERE / "cards"
+    models.mkdir(exist_ok=True)
+    ship(args.target.expanduser(), models / "target.pt")
+    shares = ship(args.draft.expanduser(), models / "draft.pt", args.target.expanduser())
+    task = TaskConfig()
+    spm = task.path(task.tokenizer)
+    tokenizer = tokenizer_fields(spm, cards_dir, list(task.langs), task.tgt_lang)
+    cards = [{**model_card("bible_es_en_target", models / "target.pt", cards_dir), **tokenizer}]
+    if not shares:
+        cards.append(
+            {**model_card("bible_es_en_draft", models / "draft.pt", cards_dir), **tokenizer}
+        )
+    write_cards(cards_dir / "bible_es_en.yaml", cards)
+    sizes = {
+        p.name: p.stat().st_size / 2**20 for p in (models / "target.pt", models / "draft.pt", spm)
+    }
+    total = sum(sizes.values())
+    print(
+        ", ".join(f"{name} {mb:.1f} MB" for name, mb in sizes.items()) + f"; total {total:.1f} MB"
+    )
+    if total > BUDGET_MB:
+        raise SystemExit(
+            f"error: the shipped pair takes {total:.1f} MB, over the {BUDGET_MB} MB budget"
+        )
+
+
+if __name__ == "__main__":
+    main()
