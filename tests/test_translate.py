@@ -32,10 +32,10 @@ LINES = [
 ]
 
 
-def run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+def run(tmp_path: Path, *overrides: str, input: str | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
            "decoding.max_gen_len=[0.5,4]", f"hydra.run.dir={tmp_path}/hydra", *overrides]  # fmt: skip
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=REPO, input=input, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,18 @@ def test_stdin_to_stdout_and_clear_errors(tmp_path) -> None:
     assert bad.returncode != 0 and "decoding.gamma=0 is invalid" in bad.stderr
     missing = run(tmp_path, "input=/nonexistent/file.es")
     assert missing.returncode != 0 and "cannot read input /nonexistent/file.es" in missing.stderr
+    directory = run(tmp_path, f"input={tmp_path}")
+    assert directory.returncode != 0
+    assert (
+        directory.stderr.strip().splitlines()[-1]
+        == f"error: cannot read input {tmp_path}: Is a directory"
+    )
+    (tmp_path / "a_file").write_text("")
+    unwritable = run(tmp_path, f"output={tmp_path}/a_file/out.en", input="Hola.\n")
+    assert unwritable.returncode != 0
+    assert (
+        f"error: cannot write output {tmp_path}/a_file/out.en: Not a directory" in unwritable.stderr
+    )
     unknown = run(tmp_path, "decoding.nonsense=1")
     assert unknown.returncode != 0 and "Key 'nonsense' not in 'DecodingConfig'" in unknown.stderr
 
