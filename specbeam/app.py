@@ -46,6 +46,7 @@ class PipelineConfig:
             self.model, tokenizer.vocab_info.size, with_draft=self.decoding.speculative,
             draft_dtype=self.hardware.draft_torch_dtype,
         )  # fmt: skip
+        target.to(self.hardware.target_torch_dtype)
         generator = make_generator(
             self.decoding, target, draft, tokenizer.vocab_info,
             memory_budget_bytes=self.hardware.memory_budget_bytes,

@@ -25,6 +25,10 @@ class HardwareConfig:
     threads: int = 2
     draft_dtype: str = "float32"
     """Precision of the draft model; exactness does not depend on it (verification is fp32)."""
+    target_dtype: str = "float32"
+    """Precision of the target. Exact speculative decoding reproduces beam search on the
+    target in this precision; bfloat16 is faster where that matters less (distillation
+    data), but its rounding makes near-ties flip more often than fp32's."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""
     memory_budget_mb: float = 0
@@ -40,10 +44,11 @@ class HardwareConfig:
             raise ValueError(f"hardware.device={self.device} is not supported yet: allowed: cpu")
         if self.threads < 1:
             raise ValueError(f"hardware.threads={self.threads} is invalid: must be ≥ 1")
-        if self.draft_dtype not in _DTYPES:
-            raise ValueError(
-                f"hardware.draft_dtype={self.draft_dtype} is invalid: allowed: {', '.join(_DTYPES)}"
-            )
+        for name in ("draft_dtype", "target_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(
+                    f"hardware.{name}={getattr(self, name)} is invalid: allowed: {', '.join(_DTYPES)}"
+                )
         if self.batch_tokens < 1:
             raise ValueError(f"hardware.batch_tokens={self.batch_tokens} is invalid: must be ≥ 1")
         if self.memory_budget_mb < 0:
@@ -56,6 +61,10 @@ class HardwareConfig:
     @property
     def draft_torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.draft_dtype]
+
+    @property
+    def target_torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.target_dtype]
 
     @property
     def memory_budget_bytes(self) -> int | None:

@@ -63,6 +63,10 @@ def build_error(*overrides: str) -> str:
             "decoding.temperature=0.0 is invalid: must be > 0",
         ),
         (
+            ["hardware.target_dtype=float16"],
+            "hardware.target_dtype=float16 is invalid: allowed: float32, bfloat16",
+        ),
+        (
             ["hardware.memory_budget_mb=-1"],
             "hardware.memory_budget_mb=-1.0 is invalid: must be ≥ 0 (0 = unlimited)",
         ),
