@@ -35,24 +35,26 @@ def ship(source: Path, out: Path, target_source: Path | None = None) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", type=Path, required=True)
-    parser.add_argument("--draft", type=Path, required=True)
+    parser.add_argument("--draft", type=Path, help="omit to ship the target alone")
     args = parser.parse_args()
     models, cards_dir = HERE / "models", HERE / "cards"
     models.mkdir(exist_ok=True)
     ship(args.target.expanduser(), models / "target.pt")
-    shares = ship(args.draft.expanduser(), models / "draft.pt", args.target.expanduser())
+    shipped = [models / "target.pt"]
+    shares = False
+    if args.draft:
+        shares = ship(args.draft.expanduser(), models / "draft.pt", args.target.expanduser())
+        shipped.append(models / "draft.pt")
     task = TaskConfig()
     spm = task.path(task.tokenizer)
     tokenizer = tokenizer_fields(spm, cards_dir, list(task.langs), task.tgt_lang)
     cards = [{**model_card("bible_es_en_target", models / "target.pt", cards_dir), **tokenizer}]
-    if not shares:
+    if args.draft and not shares:
         cards.append(
             {**model_card("bible_es_en_draft", models / "draft.pt", cards_dir), **tokenizer}
         )
     write_cards(cards_dir / "bible_es_en.yaml", cards)
-    sizes = {
-        p.name: p.stat().st_size / 2**20 for p in (models / "target.pt", models / "draft.pt", spm)
-    }
+    sizes = {p.name: p.stat().st_size / 2**20 for p in (*shipped, spm)}
     total = sum(sizes.values())
     print(
         ", ".join(f"{name} {mb:.1f} MB" for name, mb in sizes.items()) + f"; total {total:.1f} MB"
