@@ -120,12 +120,16 @@ def save_model(
     *,
     shares_encoder: bool = False,
 ) -> None:
-    """A draft that shares its target's encoder is saved without it."""
-    state = {
-        k: v.to(dtype)
-        for k, v in model.state_dict().items()
-        if not (shares_encoder and k.startswith(_ENCODER_KEYS))
-    }
+    """A draft that shares its target's encoder is saved without it. Tied weights (the
+    embeddings and the output projection) stay one tensor, so they are stored once."""
+    converted: dict[int, torch.Tensor] = {}
+    state = {}
+    for k, v in model.state_dict().items():
+        if shares_encoder and k.startswith(_ENCODER_KEYS):
+            continue
+        if v.data_ptr() not in converted:
+            converted[v.data_ptr()] = v.to(dtype)
+        state[k] = converted[v.data_ptr()]
     atomic_save({"arch": asdict(arch), "shares_encoder": shares_encoder, "model": state}, path)
 
 

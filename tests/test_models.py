@@ -80,3 +80,16 @@ def test_tokenizers_with_different_pieces_are_refused(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match=message):
         check_same_pieces(ours, swapped)
+
+
+def test_tied_weights_are_stored_once(tmp_path) -> None:
+    model = build_model(TARGET_ARCH)
+    save_model(model, TARGET_ARCH, tmp_path / "m.pt", torch.float16)
+    saved = torch.load(tmp_path / "m.pt", weights_only=True)["model"]
+    groups: dict[int, list[str]] = {}
+    for key, value in model.state_dict().items():
+        groups.setdefault(value.data_ptr(), []).append(key)
+    tied = [keys for keys in groups.values() if len(keys) > 1]
+    assert tied, "the NLLB architecture ties its embeddings and output projection"
+    for keys in tied:
+        assert len({saved[k].data_ptr() for k in keys}) == 1, keys

@@ -19,7 +19,7 @@ from specbeam.models import ModelArch, load_model, save_model
 from specbeam.task import TaskConfig
 
 HERE = Path(__file__).resolve().parent
-BUDGET_MB = 100  # target + draft + tokenizer
+BUDGET_MB = 100  # target + draft + tokenizer, in 10^6 bytes
 
 
 def ship(source: Path, out: Path, target_source: Path | None = None) -> bool:
@@ -54,7 +54,7 @@ def main() -> None:
             {**model_card("bible_es_en_draft", models / "draft.pt", cards_dir), **tokenizer}
         )
     write_cards(cards_dir / "bible_es_en.yaml", cards)
-    sizes = {p.name: p.stat().st_size / 2**20 for p in (*shipped, spm)}
+    sizes = {p.name: p.stat().st_size / 1e6 for p in (*shipped, spm)}
     total = sum(sizes.values())
     print(
         ", ".join(f"{name} {mb:.1f} MB" for name, mb in sizes.items()) + f"; total {total:.1f} MB"
