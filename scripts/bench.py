@@ -66,9 +66,9 @@ class Goal:
 @dataclass(frozen=True)
 class BenchSettings:
     limit: int  # test sentences; 0 = all
-    every: int = 1  # every n-th test sentence (all books, in a fraction of the time)
     slot_counts: tuple[int, ...]
     repeats: int
+    every: int = 1  # every n-th test sentence (all books, in a fraction of the time)
     prefix_len: int = 20
     batch_size: int = 16
     threads: int | None = None  # None: the hardware config's
