@@ -36,7 +36,7 @@ from specbeam.beam import BeamState, HypothesisFactory
 from specbeam.draft import Drafter, DraftShape, DraftStrategy
 from specbeam.memory import DecoderSize, cache_capacity, fit_budget, source_bytes
 from specbeam.relax import Relaxation
-from specbeam.rules import ScoringRules
+from specbeam.rules import ScoringRules, length_limits
 from specbeam.stats import SpecStats
 from specbeam.tree_attention import TreeDecoder
 from specbeam.verify import Verifier
@@ -176,29 +176,10 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
-        if source_seqs_layout.packed or prompt_seqs_layout.packed:
-            raise ValueError("`source_seqs` and `prompt_seqs` must not be packed batches.")
-        prompt_len = prompt_seqs_layout.max_seq_len
-        if prompt_seqs_layout.min_seq_len != prompt_len:
-            raise NotSupportedError(
-                "prompts of different lengths in one batch are not supported yet"
-            )
-        if prompt_len >= self._max_seq_len:
-            raise ValueError(
-                f"prompt length must be < max_seq_len ({self._max_seq_len}), is {prompt_len}"
-            )
-        a, b = self._max_gen_len
-        max_gen_len = int(a * max(source_seqs_layout.seq_lens) + b)
-        if max_gen_len < 1:
-            raise ValueError(
-                f"`max_gen_len` must be ≥ 1, but is {max_gen_len}. Adjust `max_gen_len`."
-            )
-        if self._min_gen_len > max_gen_len:
-            raise ValueError(
-                f"`min_gen_len` must be ≤ max_gen_len ({max_gen_len}), is {self._min_gen_len}."
-            )
-        max_seq_len = min(self._max_seq_len, prompt_len + max_gen_len)
-        min_seq_len = min(max_seq_len, prompt_len + self._min_gen_len)
+        prompt_len, min_seq_len, max_seq_len = length_limits(
+            source_seqs_layout, prompt_seqs_layout, self._max_gen_len, self._min_gen_len,
+            self._max_seq_len,
+        )  # fmt: skip
         prompts = prompt_seqs[:, :prompt_len]
         if self._memory_budget is None:
             return _Op(self, source_seqs, source_seqs_layout, prompts, min_seq_len, max_seq_len)()
@@ -294,13 +275,9 @@ class _Op:
             step_processors=gen._step_processors,
         )
         capacity = cache_capacity(max_seq_len, prompt_len, k, shape.max_depth, width)
-        target = TreeDecoder(
-            gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity
-        )
-        shared = gen.draft_model.encoder is gen.model.encoder
-        draft = TreeDecoder(
-            gen.draft_model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity,
-            encoder_output=target.encoder_output if shared else None,
+        target, draft = TreeDecoder.pair(
+            gen.model, gen.draft_model, source_seqs, source_layout, hyps_per_source=k,
+            capacity=capacity,
         )  # fmt: skip
         self.verifier = Verifier(target)
         self.drafter = Drafter(draft, self.rules, prompts[:, None, :], shape)

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from fairseq2.error import NotSupportedError
 from fairseq2.generation.step_processor import StepProcessor
+from fairseq2.nn import BatchLayout
 from torch import Tensor
 from torch.nn.functional import log_softmax
 
@@ -57,3 +59,30 @@ class ScoringRules:
             for processor in self.step_processors:
                 processor(seqs[rows, :, :t].flatten(0, 1), group, lprob=True)
             lprobs[rows] = group.view(-1, lprobs.size(1), lprobs.size(2))
+
+
+def length_limits(
+    source_layout: BatchLayout,
+    prompt_layout: BatchLayout,
+    max_gen_len: tuple[float, int],
+    min_gen_len: int,
+    max_seq_len: int,
+) -> tuple[int, int, int]:
+    """fairseq2's checks of one generation call, and its limits: (prompt length, minimum
+    and maximum sequence length). Both limits come from the batch's longest source, as
+    in fairseq2's beam search and sampling generators."""
+    if source_layout.packed or prompt_layout.packed:
+        raise ValueError("`source_seqs` and `prompt_seqs` must not be packed batches.")
+    prompt_len = prompt_layout.max_seq_len
+    if prompt_layout.min_seq_len != prompt_len:
+        raise NotSupportedError("prompts of different lengths in one batch are not supported yet")
+    if prompt_len >= max_seq_len:
+        raise ValueError(f"prompt length must be < max_seq_len ({max_seq_len}), is {prompt_len}")
+    a, b = max_gen_len
+    gen_len = int(a * max(source_layout.seq_lens) + b)
+    if gen_len < 1:
+        raise ValueError(f"`max_gen_len` must be ≥ 1, but is {gen_len}. Adjust `max_gen_len`.")
+    if min_gen_len > gen_len:
+        raise ValueError(f"`min_gen_len` must be ≤ max_gen_len ({gen_len}), is {min_gen_len}.")
+    limit = min(max_seq_len, prompt_len + gen_len)
+    return prompt_len, min(limit, prompt_len + min_gen_len), limit

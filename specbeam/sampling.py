@@ -37,7 +37,7 @@ from typing_extensions import override
 from specbeam.draft import Drafter, DraftShape
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.memory import cache_capacity
-from specbeam.rules import ScoringRules
+from specbeam.rules import ScoringRules, length_limits
 from specbeam.stats import SpecStats
 from specbeam.tree import DraftTree
 from specbeam.tree_attention import TreeDecoder
@@ -222,25 +222,10 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
-        if source_seqs_layout.packed or prompt_seqs_layout.packed:
-            raise ValueError("`source_seqs` and `prompt_seqs` must not be packed batches.")
-        prompt_len = prompt_seqs_layout.max_seq_len
-        if prompt_seqs_layout.min_seq_len != prompt_len:
-            raise NotSupportedError(
-                "prompts of different lengths in one batch are not supported yet"
-            )
-        a, b = self._max_gen_len
-        max_gen_len = int(a * max(source_seqs_layout.seq_lens) + b)
-        if max_gen_len < 1:
-            raise ValueError(
-                f"`max_gen_len` must be ≥ 1, but is {max_gen_len}. Adjust `max_gen_len`."
-            )
-        max_seq_len = min(self._max_seq_len, prompt_len + max_gen_len)
-        if prompt_len >= max_seq_len:
-            raise ValueError(
-                f"prompt length must be < max_seq_len ({max_seq_len}), is {prompt_len}"
-            )
-        min_seq_len = min(max_seq_len, prompt_len + self._min_gen_len)
+        prompt_len, min_seq_len, max_seq_len = length_limits(
+            source_seqs_layout, prompt_seqs_layout, self._max_gen_len, self._min_gen_len,
+            self._max_seq_len,
+        )  # fmt: skip
         g = self._num_gens
         seq_lens = [n for n in source_seqs_layout.seq_lens for _ in range(g)]
         sources = source_seqs.repeat_interleave(g, dim=0)
@@ -273,11 +258,8 @@ class _SampleOp:
             gen._vocab_info, gen._temperature, gen._unk_penalty, min_seq_len, max_seq_len, gen._filter
         )  # fmt: skip
         capacity = cache_capacity(max_seq_len, prompt_len, 1, gen._gamma, 1)
-        target = TreeDecoder(gen.model, sources, layout, hyps_per_source=1, capacity=capacity)
-        shared = gen._draft_model.encoder is gen.model.encoder
-        draft = TreeDecoder(
-            gen._draft_model, sources, layout, hyps_per_source=1, capacity=capacity,
-            encoder_output=target.encoder_output if shared else None,
+        target, draft = TreeDecoder.pair(
+            gen.model, gen._draft_model, sources, layout, hyps_per_source=1, capacity=capacity,
         )  # fmt: skip
         self.verifier = Verifier(target)
         self.draw = DraftSampler(gen._filter, gen._generator)
@@ -326,18 +308,15 @@ class _SampleOp:
                 if first:
                     self._score_prompt(verification)
                     first = False
-                kept, last, steps = self._accept(verification, tree)
+                kept, token = self._accept(verification, tree)
+                last = (kept - 1)[:, None]  # the last kept node's id (-1: none)
                 origin = torch.zeros_like(last)
                 self.verifier.commit(verification, origin, last)
-                self.drafter.commit(
-                    origin, last, state.seqs.gather(1, (state.step_nr - 1)[:, None]), tree
-                )
-            stats.record_pass(state.row_ids // g, steps, tree.num_nodes(), kept)
+                self.drafter.commit(origin, last, token[:, None], tree)
+            stats.record_pass(state.row_ids // g, kept + 1, tree.num_nodes(), kept)
             stats.verified_slots += verification.logits.shape[0] * verification.logits.shape[1]
-            done = (
-                state.seqs.gather(1, (state.step_nr - 1)[:, None])[:, 0] == self.rules.vocab.eos_idx
-            )
-            chains = state.seqs.gather(1, (state.step_nr - 1)[:, None])[:, None, :]
+            done = token == self.rules.vocab.eos_idx
+            chains = token[:, None, None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)
             if done.any():
                 for row in done.nonzero()[:, 0].tolist():
@@ -366,9 +345,9 @@ class _SampleOp:
         probs = softmax(logits / self.rules.temperature, dim=-1, dtype=torch.float32)
         self.state.step_scores[:, 1:p] = probs.gather(2, self.prompts[:, 1:, None]).squeeze(-1)
 
-    def _accept(self, verification: Verification, tree: DraftTree) -> tuple[Tensor, Tensor, Tensor]:
+    def _accept(self, verification: Verification, tree: DraftTree) -> tuple[Tensor, Tensor]:
         """Writes each row's kept draft tokens and its next token into the state.
-        Returns kept tokens (S,), the last kept node's id (-1: none) (S, 1), steps (S,)."""
+        Returns the number of kept draft tokens (S,) and the next token (S,)."""
         state, depth = self.state, tree.depth
         rows = torch.arange(len(state.row_ids))
         tokens, valid = tree.tokens[:, :, 0], tree.valid[:, :, 0]  # (S, D)
@@ -393,7 +372,7 @@ class _SampleOp:
         old_scores = state.step_scores.gather(1, positions)
         state.step_scores.scatter_(1, positions, torch.where(write, new_scores, old_scores))
         state.step_nr = state.step_nr + kept + 1
-        return kept, (kept - 1)[:, None], kept + 1
+        return kept, nxt
 
     def _finish(self, row: int) -> None:
         """fairseq2's `_finish_sequence` of the sampling generator."""

@@ -114,6 +114,29 @@ class SlotTable:
 class TreeDecoder:
     """One model's decoder with a speculative cache, over S sources with k hypotheses each."""
 
+    @staticmethod
+    def pair(
+        target: TransformerModel,
+        draft: TransformerModel,
+        source_seqs: Tensor,
+        source_layout: BatchLayout,
+        *,
+        hyps_per_source: int,
+        capacity: int,
+    ) -> tuple[TreeDecoder, TreeDecoder]:
+        """The target's and the draft's decoders; a draft over the target's encoder
+        reads the target's encoder output, so each source is encoded once."""
+        first = TreeDecoder(
+            target, source_seqs, source_layout, hyps_per_source=hyps_per_source,
+            capacity=capacity,
+        )  # fmt: skip
+        shared = draft.encoder is target.encoder
+        second = TreeDecoder(
+            draft, source_seqs, source_layout, hyps_per_source=hyps_per_source, capacity=capacity,
+            encoder_output=first.encoder_output if shared else None,
+        )  # fmt: skip
+        return first, second
+
     def __init__(
         self,
         model: TransformerModel,
@@ -125,7 +148,7 @@ class TreeDecoder:
         encoder_output: Tensor | None = None,
     ) -> None:
         """`encoder_output` skips encoding: a draft that reads its target's encoder
-        output gets it from the target's decoder instead of encoding again."""
+        output gets it from the target's decoder instead of encoding again (`pair`)."""
         frontend = model.decoder_frontend
         if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
             frontend.pos_encoder, SinusoidalPositionEncoder
