@@ -165,24 +165,16 @@ class _SpeculativeSeq2SeqGeneratorFactory:
         except ComponentNotKnownError:
             raise BeamSearchAlgorithmNotKnownError(config.algo.name) from None
 
-        if not isinstance(self._model, TransformerModel):
-            raise_model_type_not_valid_error(self._model, TransformerModel)
-
-        draft_model = self._load_draft_model(config.draft_model, self._model)
-
-        max_gen_len = config.max_gen_len
-
-        if isinstance(max_gen_len, int):
-            max_gen_len = (0.0, max_gen_len)
+        target, draft_model = self._load_pair(config.draft_model)
 
         return SpeculativeBeamSearchSeq2SeqGenerator(
-            self._model,
+            target,
             draft_model,
             self._tokenizer.vocab_info,
             algo,
             beam_size=config.beam_size,
             min_gen_len=config.min_gen_len,
-            max_gen_len=max_gen_len,
+            max_gen_len=_gen_len(config.max_gen_len),
             max_seq_len=config.max_seq_len,
             echo_prompt=config.echo_prompt,
             normalize_scores=config.normalize_scores,
@@ -202,23 +194,15 @@ class _SpeculativeSeq2SeqGeneratorFactory:
         except ComponentNotKnownError:
             raise SamplerNotKnownError(config.sampler.name) from None
 
-        if not isinstance(self._model, TransformerModel):
-            raise_model_type_not_valid_error(self._model, TransformerModel)
-
-        draft_model = self._load_draft_model(config.draft_model, self._model)
-
-        max_gen_len = config.max_gen_len
-
-        if isinstance(max_gen_len, int):
-            max_gen_len = (0.0, max_gen_len)
+        target, draft_model = self._load_pair(config.draft_model)
 
         return SpeculativeSamplingSeq2SeqGenerator(
-            self._model,
+            target,
             draft_model,
             self._tokenizer.vocab_info,
             sampler,
             min_gen_len=config.min_gen_len,
-            max_gen_len=max_gen_len,
+            max_gen_len=_gen_len(config.max_gen_len),
             max_seq_len=config.max_seq_len,
             echo_prompt=config.echo_prompt,
             compute_scores=config.compute_scores,
@@ -230,6 +214,13 @@ class _SpeculativeSeq2SeqGeneratorFactory:
             decode_capacity_increment=config.decode_capacity_increment,
             gamma=config.gamma,
         )
+
+    def _load_pair(self, draft_name: str) -> tuple[TransformerModel, TransformerModel]:
+        """The recipe's model and the draft: both decode trees, so both are Transformers."""
+        if not isinstance(self._model, TransformerModel):
+            raise_model_type_not_valid_error(self._model, TransformerModel)
+
+        return self._model, self._load_draft_model(draft_name, self._model)
 
     def _load_draft_model(self, name: str, target: TransformerModel) -> TransformerModel:
         """Loads the draft on the recipe's gangs, in the target's data type, frozen."""
@@ -261,6 +252,11 @@ class _SpeculativeSeq2SeqGeneratorFactory:
         draft_model.requires_grad_(False)
 
         return draft_model
+
+
+def _gen_len(max_gen_len: int | tuple[float, int]) -> tuple[float, int]:
+    """fairseq2's configs allow a plain length; its generators take (a, b)."""
+    return (0.0, max_gen_len) if isinstance(max_gen_len, int) else max_gen_len
 
 
 def register_specbeam(container: DependencyContainer) -> None:
