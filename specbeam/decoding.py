@@ -74,12 +74,9 @@ class DecodingConfig:
             return
         for setting, value, allowed in self.draft_shape().problems():
             raise bad(setting, value, f"must be {allowed}")
-        if self.relax_top < 0 or self.relax_gap < 0:
-            raise bad(
-                "relax_top" if self.relax_top < 0 else "relax_gap",
-                min(self.relax_top, self.relax_gap),
-                "must be ≥ 0",
-            )
+        for setting in ("relax_top", "relax_gap"):
+            if getattr(self, setting) < 0:
+                raise bad(setting, getattr(self, setting), "must be ≥ 0")
 
     def draft_shape(self) -> DraftShape:
         return DraftShape.of(beam_size=self.beam_size, **draft_keywords(self))
