@@ -52,14 +52,12 @@ class Goal:
     name: str
     baseline: str  # the baseline's figure, with its unit
     speculative: str
-    ratio: float | None  # None: not measured
+    ratio: float
     target: float
     at_most: bool = False  # the ratio must be ≤ target (else ≥)
 
     @property
-    def met(self) -> bool | None:
-        if self.ratio is None:
-            return None
+    def met(self) -> bool:
         return self.ratio <= self.target if self.at_most else self.ratio >= self.target
 
 
@@ -117,10 +115,6 @@ def exact(base: MethodRun, spec: MethodRun, name: str) -> Goal:
 
 def relaxed_goals(runs: dict[str, MethodRun], refs: list[str], k: int) -> list[Goal]:
     name = f"relaxed beam {k}, batch 1"
-    if "relaxed" not in runs:
-        na = "not available"
-        return [Goal(f"{name}: wall time", na, na, None, 3.0),
-                Goal(f"{name}: BLEU − beam BLEU", na, na, None, -0.5)]  # fmt: skip
     beam, relaxed = runs["beam"], runs["relaxed"]
     bleu = [BLEU().corpus_score(r.outputs, [refs]).score for r in (beam, relaxed)]
     return [
@@ -135,18 +129,19 @@ def markdown(goals: list[Goal]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for g in goals:
-        ratio = "–" if g.ratio is None else f"{g.ratio:.2f}"
-        met = {None: "not available", True: "yes", False: "no"}[g.met]
+        met = "yes" if g.met else "no"
         bound = f"{'≤' if g.at_most else '≥'} {g.target:g}"
-        lines.append(f"| {g.name} | {g.baseline} | {g.speculative} | {ratio} | {bound} | {met} |")
+        lines.append(
+            f"| {g.name} | {g.baseline} | {g.speculative} | {g.ratio:.2f} | {bound} | {met} |"
+        )
     return "\n".join(lines)
 
 
 def plot(goals: list[Goal], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(goals) + 1.5))
     y = range(len(goals))
-    colours = [{None: "lightgrey", True: "tab:green", False: "tab:red"}[g.met] for g in goals]
-    ax.barh(y, [g.ratio or 0.0 for g in goals], color=colours)
+    colours = ["tab:green" if g.met else "tab:red" for g in goals]
+    ax.barh(y, [g.ratio for g in goals], color=colours)
     ax.scatter([g.target for g in goals], y, marker="|", s=400, color="black", label="goal")
     ax.set_yticks(list(y), [g.name for g in goals])
     ax.invert_yaxis()
@@ -169,9 +164,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     )  # fmt: skip
     pairs = cfg.task.split("test")[:: settings.every][: settings.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
-    names = ["beam", "spec_beam", "greedy", "spec_greedy"]
-    if (REPO_ROOT / "conf" / "decoding" / "relaxed.yaml").exists():
-        names.append("relaxed")
+    names = ["beam", "spec_beam", "greedy", "spec_greedy", "relaxed"]
     decodings: dict[str, DecodingConfig] = {n: cfg.hardware.tune(load_decoding(n)) for n in names}
     if settings.max_gen_len is not None:
         for d in decodings.values():
