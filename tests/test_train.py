@@ -24,11 +24,17 @@ def run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
-def test_train_checkpoints_and_resumes(tmp_path) -> None:
+def write_task(tmp_path: Path, train: int, dev: int) -> None:
+    """A small task from the committed dev split: its first `train` rows, then `dev` rows."""
     rows = (REPO / "tasks/bible_es_en/data/dev.tsv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "data").mkdir()
-    (tmp_path / "data/train.tsv").write_text("\n".join(rows[:60]) + "\n", encoding="utf-8")
-    (tmp_path / "data/dev.tsv").write_text("\n".join(rows[60:66]) + "\n", encoding="utf-8")
+    (tmp_path / "data/train.tsv").write_text("\n".join(rows[:train]) + "\n", encoding="utf-8")
+    dev_rows = rows[train : train + dev]
+    (tmp_path / "data/dev.tsv").write_text("\n".join(dev_rows) + "\n", encoding="utf-8")
+
+
+def test_train_checkpoints_and_resumes(tmp_path) -> None:
+    write_task(tmp_path, train=60, dev=6)
 
     # A 2-step warm-up: with the default 500, a 1-batch epoch barely moves and the loss
     # comparison below would be noise.
@@ -48,10 +54,7 @@ def test_train_checkpoints_and_resumes(tmp_path) -> None:
 
 
 def test_shallow_draft_trains_over_a_frozen_target_encoder(tmp_path) -> None:
-    rows = (REPO / "tasks/bible_es_en/data/dev.tsv").read_text(encoding="utf-8").splitlines()
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data/train.tsv").write_text("\n".join(rows[:40]) + "\n", encoding="utf-8")
-    (tmp_path / "data/dev.tsv").write_text("\n".join(rows[40:44]) + "\n", encoding="utf-8")
+    write_task(tmp_path, train=40, dev=4)
     target_arch = ModelArch(
         model_dim=64, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=4, ffn_inner_dim=64
     )
@@ -85,10 +88,7 @@ def test_distillation_loss_mixes_references_and_teacher() -> None:
 
 def test_draft_learns_from_a_teacher(tmp_path) -> None:
     """kd_teacher: the draft trains on the teacher's distributions as well as the references."""
-    rows = (REPO / "tasks/bible_es_en/data/dev.tsv").read_text(encoding="utf-8").splitlines()
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data/train.tsv").write_text("\n".join(rows[:40]) + "\n", encoding="utf-8")
-    (tmp_path / "data/dev.tsv").write_text("\n".join(rows[40:44]) + "\n", encoding="utf-8")
+    write_task(tmp_path, train=40, dev=4)
     teacher_arch = ModelArch(
         model_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=2, ffn_inner_dim=64
     )
