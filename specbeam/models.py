@@ -184,7 +184,7 @@ def load_pair(
         if cfg.draft is None:
             raise ValueError(f"model={cfg.name} has no draft, but a speculative decoding needs one")
         draft = cast_draft(
-            _load_one(cfg.draft, cfg.random_draft_arch, root, vocab_size, seed=1),
+            _load_one(cfg.draft, cfg.random_draft_arch, root, vocab_size, seed=1, target=target),
             target,
             draft_dtype,
         )

@@ -9,12 +9,14 @@ import torch
 
 from specbeam.models import (
     ModelArch,
+    ModelPairConfig,
     build_model,
     build_shallow_draft,
     cast_draft,
     check_same_pieces,
     check_same_vocabulary,
     load_model,
+    load_pair,
     num_parameters,
     save_model,
 )
@@ -46,6 +48,19 @@ def test_shallow_draft_shares_the_target_encoder(tiny_target) -> None:
     cast_draft(draft, target, torch.bfloat16)
     assert next(draft.decoder.parameters()).dtype == torch.bfloat16
     assert next(target.encoder.parameters()).dtype == torch.float32  # verification stays fp32
+
+
+def test_a_pair_loads_a_shallow_draft_over_its_target(tmp_path, tiny_target) -> None:
+    """The draft checkpoint has no encoder: the pair rebuilds it over the loaded target's."""
+    target = copy.deepcopy(tiny_target)
+    save_model(target, TARGET_ARCH, tmp_path / "target.pt", torch.float32)
+    save_model(
+        build_shallow_draft(target, DRAFT_ARCH), DRAFT_ARCH, tmp_path / "draft.pt",
+        torch.float32, shares_encoder=True,
+    )  # fmt: skip
+    pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "draft.pt"))
+    loaded, draft = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
+    assert draft is not None and draft.encoder is loaded.encoder
 
 
 def test_mismatched_vocabulary_is_refused(tiny_target) -> None:
