@@ -18,14 +18,13 @@ import hydra
 import sacrebleu
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
-from fairseq2.models.transformer import TransformerModel
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from torch import Tensor
-from torch.nn.functional import cross_entropy, kl_div, log_softmax
+from torch.nn.functional import cross_entropy, log_softmax, softmax
 from tqdm import tqdm
 
-from specbeam.data import TokenizedPair, pad, read_tsv, token_batches, tokenize_pairs
+from specbeam.data import pad, read_tsv, token_batches, tokenize_pairs
 from specbeam.inference import translate_texts
 from specbeam.models import (
     ModelArch,
@@ -37,6 +36,7 @@ from specbeam.models import (
     save_model,
 )
 from specbeam.task import TaskConfig
+from specbeam.teacher import TeacherTopK, load_or_compute
 
 log = logging.getLogger("specbeam.train")
 
@@ -53,11 +53,15 @@ class TrainConfig:
     target's frozen encoder."""
     kd_teacher: str | None = None
     """A target checkpoint to distil from token by token: the loss mixes the references'
-    cross-entropy with KL(teacher ‖ model) at every position. Teaches a draft the
-    teacher's whole ranking, which exact speculative beam search needs (its top k, not
-    only its top 1)."""
+    cross-entropy with the cross-entropy against the teacher's top-k distribution at
+    every position. Teaches a draft the teacher's ranking, which exact speculative beam
+    search needs (its top k, not only its top 1)."""
     kd_weight: float = 0.5
-    """Share of the KL term in the loss."""
+    """Share of the teacher's term in the loss."""
+    kd_top_k: int = 16
+    kd_cache: str | None = None
+    """Where the teacher's top k are stored (default: out_dir/teacher_top<k>.pt); drafts
+    trained on the same data can share one file."""
     max_tokens: int = 6000
     """Padded source + target tokens per batch."""
     lr: float = 8e-4
@@ -81,20 +85,22 @@ ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 def distillation_loss(
     logits: Tensor,
-    teacher_logits: Tensor,
+    teacher_idx: Tensor,
+    teacher_logp: Tensor,
     tgt_out: Tensor,
     pad_idx: int,
     label_smoothing: float,
     weight: float,
 ) -> Tensor:
     """Summed over target tokens: (1 - weight) label-smoothed cross-entropy with the
-    references + weight KL(teacher ‖ model). logits: (N, T, V)."""
+    references + weight cross-entropy against the teacher's top k, renormalised (its KL
+    to the model up to a constant). logits: (N, T, V); teacher_*: (N, T, k)."""
     mask = tgt_out != pad_idx
-    lprobs = log_softmax(logits.float(), dim=-1)[mask]
+    lprobs = log_softmax(logits.float(), dim=-1)[mask]  # (P, V)
     ce = cross_entropy(lprobs, tgt_out[mask], label_smoothing=label_smoothing, reduction="sum")
-    teacher = log_softmax(teacher_logits.float(), dim=-1)[mask]
-    kl = kl_div(lprobs, teacher, log_target=True, reduction="sum")
-    return (1 - weight) * ce + weight * kl
+    soft = softmax(teacher_logp[mask], dim=-1)  # (P, k)
+    kd = -(soft * lprobs.gather(-1, teacher_idx[mask])).sum()
+    return (1 - weight) * ce + weight * kd
 
 
 class Trainer:
@@ -116,10 +122,13 @@ class Trainer:
             self.model = build_shallow_draft(target, cfg.arch)
         else:
             self.model = build_model(cfg.arch)
-        self.teacher: TransformerModel | None = None
+        self.teacher: TeacherTopK | None = None
         if cfg.kd_teacher:
-            self.teacher = load_model(Path(cfg.kd_teacher).expanduser()).eval()
-            self.teacher.requires_grad_(False)
+            cache = Path(cfg.kd_cache or self.out / f"teacher_top{cfg.kd_top_k}.pt").expanduser()
+            self.teacher = load_or_compute(
+                cache, Path(cfg.kd_teacher).expanduser(), self.train, self.pad_idx,
+                cfg.kd_top_k, bf16=cfg.bf16,
+            )  # fmt: skip
         self.opt = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=cfg.lr,
@@ -180,7 +189,8 @@ class Trainer:
             self.out / "last.pt",
         )
 
-    def train_step(self, batch: list[TokenizedPair]) -> tuple[float, int]:
+    def train_step(self, indices: list[int]) -> tuple[float, int]:
+        batch = [self.train[i] for i in indices]
         src, src_layout = pad([p.source for p in batch], self.pad_idx)
         tgt, _ = pad([p.target for p in batch], self.pad_idx)
         tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
@@ -199,11 +209,10 @@ class Trainer:
                     label_smoothing=self.cfg.label_smoothing,
                 )
             else:
-                with torch.inference_mode():
-                    teacher_logits = self.teacher(src, src_layout, tgt_in, in_layout)
+                teacher_idx, teacher_logp = self.teacher.batch(indices, tgt_in.shape[1])
                 logits = self.model(src, src_layout, tgt_in, in_layout)
                 loss = distillation_loss(
-                    logits, teacher_logits.clone(), tgt_out, self.pad_idx,
+                    logits, teacher_idx, teacher_logp, tgt_out, self.pad_idx,
                     self.cfg.label_smoothing, self.cfg.kd_weight,
                 )  # fmt: skip
         self.opt.zero_grad(set_to_none=True)
@@ -262,7 +271,7 @@ class Trainer:
             total_loss = total_tokens = 0.0
             epoch_started = time.monotonic()
             for indices in bar:
-                loss, n = self.train_step([self.train[i] for i in indices])
+                loss, n = self.train_step(indices)
                 self.batch_in_epoch += 1
                 total_loss, total_tokens = total_loss + loss * n, total_tokens + n
                 bar.set_postfix(

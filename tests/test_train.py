@@ -76,18 +76,32 @@ def test_distillation_loss_mixes_references_and_teacher() -> None:
     torch.manual_seed(0)
     logits, teacher = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
     tgt = torch.tensor([[4, 5, 0], [6, 0, 0]])  # 0 = pad
-    kl_only = distillation_loss(teacher, teacher, tgt, 0, 0.0, 1.0)
-    assert abs(float(kl_only)) < 1e-5  # a student equal to its teacher loses nothing
-    ce = torch.nn.functional.cross_entropy(logits[tgt != 0], tgt[tgt != 0], reduction="sum")
-    assert torch.isclose(distillation_loss(logits, teacher, tgt, 0, 0.0, 0.0), ce)
-    half = distillation_loss(logits, teacher, tgt, 0, 0.0, 0.5)
+    mask = tgt != 0
+    everything = teacher.log_softmax(-1).sort(-1, descending=True)  # k = V
+    top3 = teacher.log_softmax(-1).topk(3, -1)
+    lprobs = logits.log_softmax(-1)[mask]
+
+    # k = V: the teacher term is KL(teacher ‖ model) + the teacher's entropy.
+    p = teacher.softmax(-1)[mask]
+    dense = -(p * lprobs).sum()
+    kd = distillation_loss(logits, everything.indices, everything.values, tgt, 0, 0.0, 1.0)
+    assert torch.isclose(kd, dense)
+    # k = 3: the teacher's three best, renormalised.
+    q = top3.values[mask].softmax(-1)
+    sparse = -(q * lprobs.gather(-1, top3.indices[mask])).sum()
     assert torch.isclose(
-        half, 0.5 * ce + 0.5 * distillation_loss(logits, teacher, tgt, 0, 0.0, 1.0)
+        distillation_loss(logits, top3.indices, top3.values, tgt, 0, 0.0, 1.0), sparse
     )
+
+    ce = torch.nn.functional.cross_entropy(logits[mask], tgt[mask], reduction="sum")
+    assert torch.isclose(distillation_loss(logits, top3.indices, top3.values, tgt, 0, 0.0, 0.0), ce)
+    half = distillation_loss(logits, top3.indices, top3.values, tgt, 0, 0.0, 0.5)
+    assert torch.isclose(half, 0.5 * ce + 0.5 * sparse)
 
 
 def test_draft_learns_from_a_teacher(tmp_path) -> None:
-    """kd_teacher: the draft trains on the teacher's distributions as well as the references."""
+    """kd_teacher: the draft trains on the teacher's top k as well as the references; the
+    teacher's top k are computed once and reused by a resumed run."""
     write_task(tmp_path, train=40, dev=4)
     teacher_arch = ModelArch(
         model_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=2, ffn_inner_dim=64
@@ -105,3 +119,12 @@ def test_draft_learns_from_a_teacher(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     history = json.loads((tmp_path / "out/history.json").read_text())
     assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert (tmp_path / "out/teacher_top16.pt").exists()
+    assert "teacher top-16 from" not in result.stderr  # computed, not loaded
+
+    again = run(
+        tmp_path, "max_epochs=4", "warmup_steps=2", f"kd_teacher={tmp_path}/teacher.pt",
+        "kd_weight=0.7",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "teacher top-16 from" in again.stderr
