@@ -5,8 +5,9 @@
 
 Paths in the cards are relative to the card file, so a card directory moves with its
 checkpoints. A draft trained over its target's encoder (`shallow_over`) has no encoder
-of its own and no fairseq2 model family: load it with `specbeam.models.load_model(path,
-target=...)` instead.
+of its own, so no fairseq2 family can build it alone: its card's family is
+`specbeam_shallow_draft`, and specbeam's extension builds it over the recipe's model when
+a generator names it as `draft_model`.
 """
 
 from __future__ import annotations
@@ -15,25 +16,24 @@ import argparse
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Final
 
 import torch
 import yaml
 
 from specbeam.models import ModelArch
 
+SHALLOW_DRAFT_FAMILY: Final = "specbeam_shallow_draft"
+
 
 def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]:
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    if ckpt.get("shares_encoder", False):
-        raise ValueError(
-            f"{checkpoint}: a draft over its target's encoder cannot have a fairseq2 card; "
-            "load it with specbeam.models.load_model(path, target=...)"
-        )
     arch = ModelArch(**ckpt["arch"])
+    shallow = ckpt.get("shares_encoder", False)
     return {
         "name": name,
-        "model_family": "nllb",
-        "model_config": _plain(asdict(arch.to_nllb_config())),
+        "model_family": SHALLOW_DRAFT_FAMILY if shallow else "nllb",
+        "model_config": _plain(asdict(arch if shallow else arch.to_nllb_config())),
         "checkpoint": os.path.relpath(checkpoint.resolve(), card_dir.resolve()),
     }
 

@@ -48,9 +48,10 @@ from fairseq2.runtime.dependency import (
 from fairseq2.utils.validation import ValidationResult
 from torch.nn import Module
 
+from specbeam.cards import SHALLOW_DRAFT_FAMILY
 from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from specbeam.models import check_same_pieces, check_same_vocabulary
+from specbeam.models import check_same_pieces, check_same_vocabulary, load_model
 from specbeam.paths import REPO_ROOT
 from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 
@@ -226,15 +227,23 @@ class _SpeculativeSeq2SeqGeneratorFactory:
         """Loads the draft on the recipe's gangs, in the target's data type, frozen."""
         dtype = next(target.parameters()).dtype
 
-        draft_model = self._model_loader.load(
-            name,
-            self._gangs,
-            device=None,
-            dtype=dtype,
-            config=None,
-            load_rank0_only=False,
-            mmap=False,
-        )
+        card = self._asset_store.retrieve_card(name)
+
+        if card.field("model_family").as_(str) == SHALLOW_DRAFT_FAMILY:
+            # A decoder over the target's encoder: only the recipe's model completes it.
+            path = card.field("checkpoint").as_uri().to_path()
+
+            draft_model = load_model(path, dtype, target=target)
+        else:
+            draft_model = self._model_loader.load(
+                name,
+                self._gangs,
+                device=None,
+                dtype=dtype,
+                config=None,
+                load_rank0_only=False,
+                mmap=False,
+            )
 
         if not isinstance(draft_model, TransformerModel):
             raise ModelTypeNotValidError(
@@ -244,7 +253,7 @@ class _SpeculativeSeq2SeqGeneratorFactory:
         check_same_vocabulary(target, draft_model)
 
         # A draft card that names its tokenizer must use the recipe's pieces.
-        if self._asset_store.retrieve_card(name).maybe_get_field("tokenizer_family") is not None:
+        if card.maybe_get_field("tokenizer_family") is not None:
             draft_tokenizer = self._tokenizer_loader.load(name, self._gangs, None)
 
             check_same_pieces(self._tokenizer, draft_tokenizer)

@@ -1,4 +1,4 @@
-"""Asset cards: relative paths, the tokenizer fields, and drafts that cannot have a card.
+"""Asset cards: relative paths, the tokenizer fields, and drafts over their target's encoder.
 (Loading through fairseq2's hubs by card is tested in test_extension.py.)"""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 
-from specbeam.cards import model_card
+from specbeam.cards import SHALLOW_DRAFT_FAMILY, model_card
 from specbeam.models import build_model, build_shallow_draft, save_model
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
@@ -36,9 +35,12 @@ def test_cli_writes_cards_with_paths_relative_to_the_card(tmp_path: Path) -> Non
     assert card["model_config"]["model_dim"] == TARGET_ARCH.model_dim
 
 
-def test_a_draft_over_its_target_encoder_is_refused(tmp_path: Path) -> None:
+def test_a_draft_over_its_target_encoder_gets_specbeams_family(tmp_path: Path) -> None:
+    """No fairseq2 family builds a decoder without its encoder: specbeam's extension does."""
     target = build_model(TARGET_ARCH)
     draft = build_shallow_draft(target, DRAFT_ARCH)
     save_model(draft, DRAFT_ARCH, tmp_path / "draft.pt", torch.float16, shares_encoder=True)
-    with pytest.raises(ValueError, match="over its target's encoder cannot have a fairseq2 card"):
-        model_card("shallow", tmp_path / "draft.pt", tmp_path)
+    card = model_card("shallow", tmp_path / "draft.pt", tmp_path)
+    assert card["model_family"] == SHALLOW_DRAFT_FAMILY == "specbeam_shallow_draft"
+    assert card["model_config"]["num_decoder_layers"] == DRAFT_ARCH.num_decoder_layers
+    assert card["checkpoint"] == "draft.pt"

@@ -11,6 +11,7 @@ tiny models' 48-token vocabulary belongs to no real tokenizer.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -56,7 +57,7 @@ from specbeam.extension import (
     register_specbeam,
 )
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator, SpeculativeGeneratorOutput
-from specbeam.models import save_model
+from specbeam.models import build_shallow_draft, save_model
 from specbeam.sampling import SpeculativeSamplingSeq2SeqGenerator
 from tests.conftest import DRAFT_ARCH, PROMPT, TARGET_ARCH, VOCAB, sources
 
@@ -228,6 +229,10 @@ def assets_dir(tmp_path: Path, tiny_target: TransformerModel, tiny_draft: Transf
             spm = Path(__file__).resolve().parents[1] / "tasks/bible_es_en/spm.model"
             card.update(tokenizer_fields(spm, assets_dir, ["spa_Latn", "eng_Latn"], "eng_Latn"))
         cards.append(card)
+    shallow = tmp_path / "models" / "specbeam_test_shallow.pt"
+    draft = build_shallow_draft(copy.deepcopy(tiny_target), DRAFT_ARCH)
+    save_model(draft, DRAFT_ARCH, shallow, torch.float16, shares_encoder=True)
+    cards.append(model_card("specbeam_test_shallow", shallow, assets_dir))
     write_cards(assets_dir / "cards.yaml", cards)
     return assets_dir
 
@@ -320,6 +325,27 @@ def test_recipe_selects_generator_by_name(
     assert isinstance(out.base, SequenceGeneratorOutput)
     assert isinstance(out.spec, SpeculativeGeneratorOutput)
     assert out.spec.stats.target_passes > 0
+    _assert_same(out.base, out.spec)
+
+
+@pytest.mark.usefixtures("restore_process_state")
+def test_recipe_builds_a_shallow_draft_over_its_own_model(
+    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A draft card of family specbeam_shallow_draft: the decoder is completed with the
+    recipe model's encoder, which encodes each source once for both."""
+    overrides = [
+        "seq2seq_generator.name=speculative_beam_search",
+        "seq2seq_generator.config.draft_model=specbeam_test_shallow",
+        "seq2seq_generator.config.gamma=3",
+        "seq2seq_generator.config.beam_size=3",
+        "seq2seq_generator.config.max_gen_len=24",
+    ]
+    out = _run_recipe(monkeypatch, tmp_path / "out", assets_dir, overrides)
+    generator = out.generator
+    assert isinstance(generator, SpeculativeBeamSearchSeq2SeqGenerator)
+    assert generator.draft_model.encoder is generator.model.encoder
+    assert isinstance(out.spec, SpeculativeGeneratorOutput) and out.spec.stats.target_passes > 0
     _assert_same(out.base, out.spec)
 
 
