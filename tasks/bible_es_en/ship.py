@@ -4,7 +4,7 @@
         --draft ~/.cache/specbeam/draft/best.pt
 
 The draft keeps its kind: a decoder over the target's encoder (`shallow_over`) is saved
-without the encoder and gets no fairseq2 card (it loads as part of the pair).
+without the encoder, and its card's family tells specbeam to complete it with the target's.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ HERE = Path(__file__).resolve().parent
 BUDGET_MB = 100  # target + draft + tokenizer, in 10^6 bytes
 
 
-def ship(source: Path, out: Path, target_source: Path | None = None) -> bool:
-    """Writes `source` in fp16 to `out`; returns whether it shares its target's encoder."""
+def ship(source: Path, out: Path, target_source: Path | None = None) -> None:
+    """Writes `source` in fp16 to `out`."""
     ckpt = torch.load(source, map_location="cpu", weights_only=True)
     shares = bool(ckpt.get("shares_encoder", False))
     target = load_model(target_source) if shares and target_source else None
     model = load_model(source, target=target)
     save_model(model, ModelArch(**ckpt["arch"]), out, torch.float16, shares_encoder=shares)
-    return shares
 
 
 def main() -> None:
@@ -41,15 +40,14 @@ def main() -> None:
     models.mkdir(exist_ok=True)
     ship(args.target.expanduser(), models / "target.pt")
     shipped = [models / "target.pt"]
-    shares = False
     if args.draft:
-        shares = ship(args.draft.expanduser(), models / "draft.pt", args.target.expanduser())
+        ship(args.draft.expanduser(), models / "draft.pt", args.target.expanduser())
         shipped.append(models / "draft.pt")
     task = TaskConfig()
     spm = task.path(task.tokenizer)
     tokenizer = tokenizer_fields(spm, cards_dir, list(task.langs), task.tgt_lang)
     cards = [{**model_card("bible_es_en_target", models / "target.pt", cards_dir), **tokenizer}]
-    if args.draft and not shares:
+    if args.draft:
         cards.append(
             {**model_card("bible_es_en_draft", models / "draft.pt", cards_dir), **tokenizer}
         )
