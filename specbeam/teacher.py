@@ -5,10 +5,17 @@ this CPU the teacher's forward pass costs more than a small draft's whole traini
 so running it per batch and per epoch would more than double training time; its top k
 (k = 16 covers nearly all of a trained target's probability mass) are stored instead, once
 for every epoch and every draft trained on the same data.
+
+    python -m specbeam.teacher ~/.cache/specbeam/target_final.pt \
+        ~/.cache/specbeam/distill/train.tsv ~/.cache/specbeam/distill/teacher_top16.pt
+
+computes the file that `python -m specbeam.train kd_teacher=... kd_cache=...` then reads
+(training computes it itself when it is missing, with the training run's threads).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -20,8 +27,9 @@ from fairseq2.models.transformer import TransformerModel
 from torch import Tensor
 from tqdm import tqdm
 
-from specbeam.data import TokenizedPair, pad, token_batches
+from specbeam.data import TokenizedPair, pad, read_tsv, token_batches, tokenize_pairs
 from specbeam.models import atomic_save, load_model
+from specbeam.task import TaskConfig
 
 log = logging.getLogger("specbeam.teacher")
 
@@ -115,3 +123,23 @@ def load_or_compute(
         path,
     )  # fmt: skip
     return topk
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("teacher", type=Path, help="the teacher's checkpoint")
+    parser.add_argument("pairs", type=Path, help="the training TSV (ref, source, target)")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--k", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    torch.set_num_threads(args.threads)
+    task = TaskConfig()
+    tokenizer = task.load_tokenizer()
+    pairs = tokenize_pairs(read_tsv(args.pairs), tokenizer, task.src_lang, task.tgt_lang)
+    load_or_compute(args.out, args.teacher, pairs, tokenizer.vocab_info.pad_idx or 0, args.k)
+
+
+if __name__ == "__main__":
+    main()
