@@ -18,10 +18,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Final
 
+import fairseq2.models
 import torch
 import yaml
+from fairseq2.assets import AssetCard
+from fairseq2.assets.store import get_asset_store
+from fairseq2.models.transformer import TransformerModel
 
-from specbeam.models import ModelArch
+from specbeam.models import ModelArch, load_model
 
 SHALLOW_DRAFT_FAMILY: Final = "specbeam_shallow_draft"
 
@@ -36,6 +40,26 @@ def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]
         "model_config": _plain(asdict(arch if shallow else arch.to_nllb_config())),
         "checkpoint": os.path.relpath(checkpoint.resolve(), card_dir.resolve()),
     }
+
+
+def shallow_draft_path(card: AssetCard) -> Path | None:
+    """The checkpoint of a `specbeam_shallow_draft` card; None for any other card."""
+    if card.field("model_family").as_(str) != SHALLOW_DRAFT_FAMILY:
+        return None
+    return card.field("checkpoint").as_uri().to_path()
+
+
+def load_draft(name: str, target: TransformerModel) -> TransformerModel:
+    """A draft by asset card name, in its target's data type: fairseq2's hub loads a
+    model of a fairseq2 family; a shallow draft is completed with `target`'s encoder."""
+    dtype = next(target.parameters()).dtype
+    path = shallow_draft_path(get_asset_store().retrieve_card(name))
+    if path is not None:
+        return load_model(path, dtype, target=target)
+    draft = fairseq2.models.load_model(name, dtype=dtype)
+    if not isinstance(draft, TransformerModel):
+        raise TypeError(f"draft {name} is a {type(draft).__name__}, not a TransformerModel")
+    return draft.eval()
 
 
 def tokenizer_fields(spm: Path, card_dir: Path, langs: list[str], default_lang: str) -> dict:

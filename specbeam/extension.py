@@ -48,7 +48,7 @@ from fairseq2.runtime.dependency import (
 from fairseq2.utils.validation import ValidationResult
 from torch.nn import Module
 
-from specbeam.cards import SHALLOW_DRAFT_FAMILY
+from specbeam.cards import shallow_draft_path
 from specbeam.draft import DraftShape, draft_keywords
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.models import check_same_pieces, check_same_vocabulary, load_model
@@ -229,11 +229,11 @@ class _SpeculativeSeq2SeqGeneratorFactory:
 
         card = self._asset_store.retrieve_card(name)
 
-        if card.field("model_family").as_(str) == SHALLOW_DRAFT_FAMILY:
-            # A decoder over the target's encoder: only the recipe's model completes it.
-            path = card.field("checkpoint").as_uri().to_path()
+        # A decoder over the target's encoder: only the recipe's model completes it.
+        shallow = shallow_draft_path(card)
 
-            draft_model = load_model(path, dtype, target=target)
+        if shallow is not None:
+            draft_model = load_model(shallow, dtype, target=target)
         else:
             draft_model = self._model_loader.load(
                 name,
