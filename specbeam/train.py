@@ -72,6 +72,9 @@ class TrainConfig:
     max_epochs: int = 60
     time_budget_minutes: float = 0.0
     """Stop (with a checkpoint) after this much wall time in this run; 0 = no limit."""
+    max_steps: int = 0
+    """Stop (with a checkpoint) at this optimizer step, e.g. to average with an earlier
+    checkpoint (`python -m specbeam.average`); 0 = no limit."""
     checkpoint_every_minutes: float = 10.0
     dev_sentences: int = 0
     """Greedy dev BLEU on the first n dev sentences per epoch; 0 = all."""
@@ -281,12 +284,17 @@ class Trainer:
                 if now - last_ckpt > cfg.checkpoint_every_minutes * 60:
                     self.checkpoint()
                     last_ckpt = now
-                if cfg.time_budget_minutes and now - started > cfg.time_budget_minutes * 60:
+                out_of_time = (
+                    cfg.time_budget_minutes and now - started > cfg.time_budget_minutes * 60
+                )
+                if out_of_time or (cfg.max_steps and self.step >= cfg.max_steps):
                     self.checkpoint()
                     log.info(
-                        "time budget reached at epoch %d batch %d",
+                        "%s reached at epoch %d batch %d (step %d)",
+                        "time budget" if out_of_time else "max_steps",
                         self.epoch + 1,
                         self.batch_in_epoch,
+                        self.step,
                     )
                     return
             self.end_epoch(total_loss / max(total_tokens, 1), time.monotonic() - epoch_started)
