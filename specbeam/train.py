@@ -263,6 +263,9 @@ class Trainer:
             f"{num_parameters(self.model):,}",
             len(self.train),
         )
+        if cfg.max_steps and self.step >= cfg.max_steps:
+            log.info("already at step %d (max_steps=%d): nothing to do", self.step, cfg.max_steps)
+            return
         self.train_mode()
         started = last_ckpt = time.monotonic()
         lengths = [len(p.source) + len(p.target) for p in self.train]

@@ -53,6 +53,16 @@ def test_train_checkpoints_and_resumes(tmp_path) -> None:
     assert [h["epoch"] for h in history] == [1, 2, 3]
 
 
+def test_max_steps_stops_there_and_a_rerun_does_nothing(tmp_path) -> None:
+    write_task(tmp_path, train=60, dev=6)
+    first = run(tmp_path, "max_steps=1")
+    assert first.returncode == 0, first.stderr
+    assert "max_steps reached at epoch 1 batch 1 (step 1)" in first.stderr
+    again = run(tmp_path, "max_steps=1")
+    assert again.returncode == 0, again.stderr
+    assert "already at step 1 (max_steps=1): nothing to do" in again.stderr
+
+
 def test_shallow_draft_trains_over_a_frozen_target_encoder(tmp_path) -> None:
     write_task(tmp_path, train=40, dev=4)
     target_arch = ModelArch(
