@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -48,12 +49,28 @@ class ResumableOutput:
             return
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.sidecar = self.path.with_name(self.path.name + ".partial.json")
-        if self.partial.exists():
-            self._check_same_job(job)
+        resumed = self.partial.exists()
+        try:
+            self.stream = open(self.partial, "a", encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"cannot write output {path}: {error.strerror}") from None
+        try:  # two jobs appending to one file would interleave their lines
+            fcntl.flock(self.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.stream.close()
+            raise ValueError(
+                f"{self.partial} is being written by another running job; wait for it to "
+                "finish or choose another output path"
+            ) from None
+        if resumed:
+            try:
+                self._check_same_job(job)
+            except ValueError:
+                self.stream.close()
+                raise
             self.done = _truncate_to_complete_lines(self.partial)
         try:
             self.sidecar.write_text(json.dumps(job) + "\n")
-            self.stream = open(self.partial, "a", encoding="utf-8")
         except OSError as error:
             raise ValueError(f"cannot write output {path}: {error.strerror}") from None
 
@@ -69,14 +86,12 @@ class ResumableOutput:
         """Drops lines beyond `count` (a companion file written ahead of the output)."""
         if self.path is None or self.done <= count:
             return
-        self.stream.close()
+        self.stream.flush()
         data = self.partial.read_bytes()
         end = 0
         for _ in range(count):
             end = data.index(b"\n", end) + 1
-        with open(self.partial, "r+b") as f:
-            f.truncate(end)
-        self.stream = open(self.partial, "a", encoding="utf-8")
+        os.ftruncate(self.stream.fileno(), end)  # the same descriptor: the lock is kept
         self.done = count
 
     def write(self, lines: list[str]) -> None:

@@ -47,3 +47,25 @@ def test_partial_output_of_another_job_is_refused(tmp_path) -> None:
     ResumableOutput(str(target), {"input": "a"}).close()
     with pytest.raises(ValueError, match="partial output of a different job"):
         ResumableOutput(str(target), {"input": "b"})
+
+
+def test_a_second_job_writing_the_same_output_is_refused(tmp_path) -> None:
+    """Two jobs appending to one partial file would interleave lines: the second is refused
+    until the first has finished (or died, which releases its lock)."""
+    target = tmp_path / "out.txt"
+    job = {"input": "x"}
+    first = ResumableOutput(str(target), job)
+    first.write(["one"])
+    with pytest.raises(
+        ValueError, match=r"out.txt.partial is being written by another running job"
+    ):
+        ResumableOutput(str(target), job)
+    first.write(["two", "three"])
+    first.truncate_to(2)  # keeps the lock
+    with pytest.raises(ValueError, match="another running job"):
+        ResumableOutput(str(target), job)
+    first.close()  # a killed job releases it: the next run resumes
+    second = ResumableOutput(str(target), job)
+    assert second.done == 2
+    second.finish()
+    assert target.read_text() == "one\ntwo\n"
