@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,9 @@ def test_bench_quick_prints_every_goal(tmp_path) -> None:
         "| peak KV cache (target + draft) ÷ beam's |",
     ):
         assert row in result.stdout
+    assert re.search(
+        r"\| adaptive γ ∈ \[1, \d+\] vs fixed γ=\d+, batch 1: wall time \|", result.stdout
+    )
     assert "| spec beam 5, batch 1: identical output | – | 1.000 identical |" in result.stdout
     for name in ("bench.md", "bench.json", "bench.png"):
         assert (tmp_path / name).stat().st_size > 0
