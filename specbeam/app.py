@@ -34,6 +34,7 @@ class PipelineConfig:
         refusing it: the draft belongs to the model pair, which every decoding shares
         (the default pair has one, and `decoding=beam` runs on it)."""
         self.hardware.apply()
+        self.decoding.validate()  # as given: a bad value is an error even where tuning replaces it
         self.decoding = self.hardware.tune(self.decoding, command_line_settings("decoding"))
         self.decoding.validate()
         if self.decoding.speculative and self.model.draft is None:

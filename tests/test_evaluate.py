@@ -49,3 +49,15 @@ def test_slurm_launcher_config_composes() -> None:
     assert result.returncode == 0, result.stderr
     assert "hydra_submitit_launcher.submitit_launcher.SlurmLauncher" in result.stdout
     assert "partition: cpu" in result.stdout and "cpus_per_task: 8" in result.stdout
+
+
+def test_evaluate_the_embedded_pair(tmp_path) -> None:
+    """The default task and pair: exact speculative beam search matches beam search."""
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "specbeam.evaluate", "hardware.threads=1", "limit=4",
+           f"output_dir={out}", f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = {r["method"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert rows["spec_beam"]["exact_match"] == 1.0 and rows["spec_beam"]["tau"] > 1.0
+    assert rows["beam"]["bleu"] == rows["spec_beam"]["bleu"] > 10

@@ -30,6 +30,7 @@ LINES = [
     "   ",
     "Y vió Dios que la luz era buena.",
 ]
+EMBEDDED_FIRST_LINE = "In the beginning God created the heaven and earth."  # the shipped target
 
 
 def run(tmp_path: Path, *overrides: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -280,3 +281,21 @@ def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file
         summary,
     ), summary
     assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == len(LINES)
+
+
+def test_embedded_pair_translates_line_for_line_as_beam_search(tmp_path) -> None:
+    """The README's main job on the shipped pair (no model= override): speculative by
+    default, the same lines as plain beam search, blank lines kept, and the speedup line."""
+    cmd = [sys.executable, "-m", "specbeam.translate", "hardware.threads=1", "compare=beam",
+           f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+    spec = subprocess.run(cmd, cwd=REPO, input="\n".join(LINES) + "\n", capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert spec.returncode == 0, spec.stderr
+    beam = subprocess.run([*cmd[:-2], "decoding=beam", f"hydra.run.dir={tmp_path}/hydra2"],
+                          cwd=REPO, input="\n".join(LINES) + "\n", capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert beam.returncode == 0, beam.stderr
+    lines = spec.stdout.splitlines()
+    assert lines == beam.stdout.splitlines() and len(lines) == len(LINES)
+    assert lines[0] == EMBEDDED_FIRST_LINE and lines[1] == "" and lines[3] == ""
+    assert "identical outputs: 3/3" in spec.stderr.strip().splitlines()[-1]
