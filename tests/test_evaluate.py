@@ -54,7 +54,7 @@ def test_slurm_launcher_config_composes() -> None:
 def test_evaluate_the_embedded_pair(tmp_path) -> None:
     """The default task and pair: exact speculative beam search matches beam search."""
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "specbeam.evaluate", "hardware.threads=1", "limit=4",
+    cmd = [sys.executable, "-m", "specbeam.evaluate", "hardware.threads=1", "every=300", "limit=4",
            f"output_dir={out}", f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
