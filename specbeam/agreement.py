@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from fairseq2.models.transformer import TransformerModel
 
-from specbeam.data import TokenizedPair, pad, token_batches
+from specbeam.data import TokenizedPair, teacher_forcing, token_batches
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,12 @@ def measure_agreement(
     positions = top1 = covered = 0
     lengths = [len(p.source) + len(p.target) for p in pairs]
     for batch in token_batches(lengths, max_tokens):
-        src, src_layout = pad([pairs[i].source for i in batch], pad_idx)
-        tgt, _ = pad([pairs[i].target[:-1] for i in batch], pad_idx)
-        tgt_layout = type(src_layout).of(tgt, [len(pairs[i].target) - 1 for i in batch])
-        mask = tgt != pad_idx  # (N, T)
-        t_logits = target(src, src_layout, tgt, tgt_layout)[mask].float()  # (P, V)
-        d_logits = draft(src, src_layout, tgt, tgt_layout)[mask].float()
+        src, src_layout, tgt_in, in_layout, tgt_out = teacher_forcing(
+            [pairs[i] for i in batch], pad_idx
+        )
+        mask = tgt_out != pad_idx  # (N, T)
+        t_logits = target(src, src_layout, tgt_in, in_layout)[mask].float()  # (P, V)
+        d_logits = draft(src, src_layout, tgt_in, in_layout)[mask].float()
         t_top = t_logits.topk(k, dim=-1).indices  # (P, k)
         d_top = d_logits.topk(width, dim=-1).indices  # (P, width)
         positions += len(t_top)

@@ -56,6 +56,18 @@ def pad(seqs: Sequence[Tensor], pad_idx: int) -> tuple[Tensor, BatchLayout]:
     return out, BatchLayout.of(out, lens)
 
 
+def teacher_forcing(
+    pairs: Sequence[TokenizedPair], pad_idx: int
+) -> tuple[Tensor, BatchLayout, Tensor, BatchLayout, Tensor]:
+    """Padded sources, decoder inputs (each target but its last token) and the tokens they
+    must predict (each target but its first): src, src_layout, tgt_in, in_layout, tgt_out."""
+    src, src_layout = pad([p.source for p in pairs], pad_idx)
+    tgt, _ = pad([p.target for p in pairs], pad_idx)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    in_layout = BatchLayout.of(tgt_in, [len(p.target) - 1 for p in pairs])
+    return src, src_layout, tgt_in, in_layout, tgt_out
+
+
 def token_batches(
     lengths: Sequence[int], max_tokens: int, seed: int | None = None
 ) -> list[list[int]]:

@@ -3,8 +3,9 @@
 Token-level distillation needs the teacher's distribution at every target position. On
 this CPU the teacher's forward pass costs more than a small draft's whole training step,
 so running it per batch and per epoch would more than double training time; its top k
-(k = 16 covers nearly all of a trained target's probability mass) are stored instead, once
-for every epoch and every draft trained on the same data.
+are stored instead, once for every epoch and every draft trained on the same data (k = 16
+holds 90% of the shipped target's probability on average over its distillation data,
+median 93%).
 
     python -m specbeam.teacher ~/.cache/specbeam/target_final.pt \
         ~/.cache/specbeam/distill/train.tsv ~/.cache/specbeam/distill/teacher_top16.pt
@@ -27,7 +28,7 @@ from fairseq2.models.transformer import TransformerModel
 from torch import Tensor
 from tqdm import tqdm
 
-from specbeam.data import TokenizedPair, pad, read_tsv, token_batches, tokenize_pairs
+from specbeam.data import TokenizedPair, read_tsv, teacher_forcing, token_batches, tokenize_pairs
 from specbeam.models import atomic_save, load_model
 from specbeam.task import TaskConfig
 
@@ -84,11 +85,9 @@ def compute_teacher_topk(
     logprobs = torch.zeros((int(offsets[-1]), k), dtype=torch.float16)
     batches = token_batches([len(p.source) + len(p.target) for p in pairs], max_tokens)
     for batch in tqdm(batches, desc=f"teacher top-{k}", unit="batch", mininterval=30):
-        src, src_layout = pad([pairs[i].source for i in batch], pad_idx)
-        tgt, _ = pad([pairs[i].target[:-1] for i in batch], pad_idx)
-        tgt_layout = type(src_layout).of(tgt, [lengths[i] for i in batch])
+        src, src_layout, tgt_in, in_layout, _ = teacher_forcing([pairs[i] for i in batch], pad_idx)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = teacher(src, src_layout, tgt, tgt_layout)
+            logits = teacher(src, src_layout, tgt_in, in_layout)
         top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # (N, T, k)
         for n, i in enumerate(batch):
             rows = slice(int(offsets[i]), int(offsets[i + 1]))

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.nn.functional import cross_entropy, log_softmax, softmax
 from tqdm import tqdm
 
-from specbeam.data import pad, read_tsv, token_batches, tokenize_pairs
+from specbeam.data import read_tsv, teacher_forcing, token_batches, tokenize_pairs
 from specbeam.inference import translate_texts
 from specbeam.models import (
     ModelArch,
@@ -194,10 +194,7 @@ class Trainer:
 
     def train_step(self, indices: list[int]) -> tuple[float, int]:
         batch = [self.train[i] for i in indices]
-        src, src_layout = pad([p.source for p in batch], self.pad_idx)
-        tgt, _ = pad([p.target for p in batch], self.pad_idx)
-        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-        in_layout = type(src_layout).of(tgt_in, [len(p.target) - 1 for p in batch])
+        src, src_layout, tgt_in, in_layout, tgt_out = teacher_forcing(batch, self.pad_idx)
         n_tokens = int((tgt_out != self.pad_idx).sum())
         for group in self.opt.param_groups:
             group["lr"] = self.lr_at(self.step + 1)
