@@ -227,7 +227,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
                 f"adaptive γ ∈ [1, {2 * spec.gamma}] vs fixed γ={spec.gamma}, batch 1: wall time", 1.0),
         speedup(single["greedy"], single["spec_greedy"], "spec greedy vs greedy, batch 1: wall time", 2.5),
         *relaxed_goals(single, refs, k),
-        Goal("peak KV cache (target + draft) ÷ beam's", f"{kv[0]:.2f} MB", f"{kv[1]:.2f} MB",
+        Goal("peak KV cache, self + cross attention (target + draft) ÷ beam's", f"{kv[0]:.2f} MB", f"{kv[1]:.2f} MB",
              kv[1] / kv[0], 2.0, at_most=True),
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)

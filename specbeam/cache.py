@@ -1,4 +1,4 @@
-"""Speculative KV cache: one preallocated buffer for all decoder layers of one model.
+"""Speculative KV cache: one buffer for all decoder layers of one model.
 
 Layout, per source row s: the k live hypotheses' prefixes are interleaved position-major,
 so key index `c * k + i` holds position c of hypothesis i. Attention over the first
@@ -6,6 +6,11 @@ so key index `c * k + i` holds position c of hypothesis i. Attention over the fi
 query's own), and the slots a verification or draft call appends ("speculative slots")
 follow at `width * k`. Rollback is resetting `spec_len`; commit gathers the surviving
 hypotheses' prefixes and moves each one's accepted path into its next positions.
+
+Like fairseq2's `FullAttentionState`, the buffer grows by `increment` positions when a
+call needs more (None: it is allocated at `max_capacity` up front), and dropping
+finished sources copies only the live positions, so the peak follows the longest
+output rather than the length limit.
 """
 
 from __future__ import annotations
@@ -24,22 +29,33 @@ class SpeculativeKVCache:
         self,
         num_layers: int,
         num_sources: int,
-        capacity: int,
+        max_capacity: int,
         hyps_per_source: int,
         num_heads: int,
         head_dim: int,
         *,
         device: torch.device,
         dtype: torch.dtype,
+        increment: int | None = None,
     ) -> None:
+        if increment is not None and increment < 1:
+            raise ValueError(f"`increment` must be ≥ 1 or None, but is {increment}.")
         self.k = hyps_per_source
-        self.capacity = capacity
+        self.max_capacity = max_capacity
+        self.increment = increment
+        initial = max_capacity if increment is None else 0
         # (layers, K/V, S, C, k, H, D)
-        shape = (num_layers, 2, num_sources, capacity, hyps_per_source, num_heads, head_dim)
+        shape = (num_layers, 2, num_sources, initial, hyps_per_source, num_heads, head_dim)
         self.buf = torch.zeros(shape, device=device, dtype=dtype)
         self.lens = torch.zeros(num_sources, dtype=torch.int64, device=device)  # cached positions
         self.width = 0  # max(lens): where the speculative slots start, in positions
         self.spec_len = 0  # speculative slots written since the last commit
+        self.peak_bytes = self.nbytes()
+
+    @property
+    def capacity(self) -> int:
+        """Positions per hypothesis allocated now."""
+        return self.buf.size(3)
 
     def nbytes(self) -> int:
         return self.buf.numel() * self.buf.element_size()
@@ -54,10 +70,39 @@ class SpeculativeKVCache:
     def prefix_keys(self) -> int:
         return self.width * self.k
 
+    def _positions(self, num_slots: int) -> int:
+        """Positions per hypothesis that hold the prefixes, the speculative slots so far
+        and `num_slots` more."""
+        return -(-(self.prefix_keys() + self.spec_len + num_slots) // self.k)
+
+    def reserve(self, num_slots: int) -> None:
+        """Makes room for `num_slots` more speculative slots before a decoder call."""
+        needed = self._positions(num_slots)
+        if needed <= self.capacity:
+            return
+        if needed > self.max_capacity or self.increment is None:
+            raise RuntimeError("speculative KV cache overflow: capacity was sized too small")
+        inc = self.increment
+        self._reallocate(None, min(self.max_capacity, -(-needed // inc) * inc))
+
+    def _reallocate(self, rows: Tensor | None, positions: int) -> None:
+        """A new buffer of `positions` per hypothesis for source rows `rows` (None: all),
+        copying only the positions in use. Zero-filled: attention reads masked keys, and
+        a masked NaN would still poison the weighted sum."""
+        used = self.buf[:, :, :, : self._positions(0)]
+        if rows is not None:
+            used = used.index_select(2, rows)
+        shape = list(self.buf.shape)
+        shape[2:4] = [used.size(2), positions]
+        buf = self.buf.new_zeros(shape)
+        buf[:, :, :, : used.size(3)] = used
+        self.buf = buf
+        self.peak_bytes = max(self.peak_bytes, self.nbytes())
+
     def advance(self, num_slots: int) -> None:
         self.spec_len += num_slots
         if self.prefix_keys() + self.spec_len > self.capacity * self.k:
-            raise RuntimeError("speculative KV cache overflow: capacity was sized too small")
+            raise RuntimeError("speculative KV cache overflow: reserve() was not called")
 
     def commit(self, origin: Tensor, keep: Tensor) -> None:
         """Keeps, for new hypothesis i of source s, the prefix of old hypothesis
@@ -85,7 +130,7 @@ class SpeculativeKVCache:
 
     def select_sources(self, keep: Tensor) -> None:
         """Drops finished sources; `keep` (S',) indexes the surviving rows."""
-        self.buf = self.buf.index_select(2, keep)
+        self._reallocate(keep, self.capacity)
         self.lens = self.lens.index_select(0, keep)
         self.width = int(self.lens.max()) if len(self.lens) else 0
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.generation import Seq2SeqGenerator
+from torch.nn import Module
 from tqdm import tqdm
 
 from specbeam.data import pad
 from specbeam.generator import SpeculativeGeneratorOutput
 from specbeam.inference import target_prompt
+from specbeam.peak_cache import PeakCacheProbe
 from specbeam.stats import SpecStats
 
 
@@ -30,7 +32,7 @@ class MethodRun:
     tokens: list[list[list[int]]] = field(default_factory=list)  # n-best token ids
     stats: SpecStats = field(default_factory=SpecStats)
     generated_tokens: int = 0
-    peak_cache_bytes: int = 0  # KV caches of every model the method runs
+    peak_cache_bytes: int = 0  # KV caches of every model the method runs (PeakCacheProbe)
 
     @property
     def total_seconds(self) -> float:
@@ -56,20 +58,28 @@ def run_side_by_side(
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     for m in methods:
         m.outputs, m.tokens = [""] * len(sources), [[] for _ in sources]
-    for batch in tqdm(batches, desc=desc or f"batch {batch_size}", unit="batch"):
-        src, src_layout = pad([tokens[i] for i in batch], 0)
-        prompts, prompt_layout = pad([prompt] * len(batch), 0)
-        for m in methods:
-            started = time.perf_counter()
-            out = m.generator(src, src_layout, prompts, prompt_layout)
-            m.seconds.append(time.perf_counter() - started)
-            for i, hyps in zip(batch, out.hypotheses, strict=True):
-                m.outputs[i] = decode(hyps[0].seq)
-                m.tokens[i] = [h.seq.tolist() for h in hyps]
-                m.generated_tokens += len(hyps[0].seq)
-            if isinstance(out, SpeculativeGeneratorOutput):
-                m.stats.merge(out.stats)
-                cache = out.stats.peak_target_cache_bytes + out.stats.peak_draft_cache_bytes
-            else:
-                cache = out.counters.cache_capacity
-            m.peak_cache_bytes = max(m.peak_cache_bytes, cache)
+    probes = [PeakCacheProbe(models(m.generator)) for m in methods]
+    try:
+        for batch in tqdm(batches, desc=desc or f"batch {batch_size}", unit="batch"):
+            src, src_layout = pad([tokens[i] for i in batch], 0)
+            prompts, prompt_layout = pad([prompt] * len(batch), 0)
+            for m, probe in zip(methods, probes, strict=True):
+                started = time.perf_counter()
+                out = m.generator(src, src_layout, prompts, prompt_layout)
+                m.seconds.append(time.perf_counter() - started)
+                for i, hyps in zip(batch, out.hypotheses, strict=True):
+                    m.outputs[i] = decode(hyps[0].seq)
+                    m.tokens[i] = [h.seq.tolist() for h in hyps]
+                    m.generated_tokens += len(hyps[0].seq)
+                if isinstance(out, SpeculativeGeneratorOutput):
+                    m.stats.merge(out.stats)
+                m.peak_cache_bytes = max(m.peak_cache_bytes, probe.take())
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def models(generator: Seq2SeqGenerator) -> list[Module]:
+    """The target, and the draft of a speculative generator."""
+    draft = getattr(generator, "draft_model", None)
+    return [generator.model] if draft is None else [generator.model, draft]

@@ -41,6 +41,9 @@ class DecodingConfig:
     relax_top: int = 0
     """> 0: relaxed acceptance (not exact) with the target's top-β = relax_top."""
     relax_gap: float = 2.0
+    max_speculative_batch: int = 0
+    """> 0: batches of more sentences run plain beam search (exact decoding only; same
+    output). On a CPU, verification turns compute-bound as batches grow."""
     len_penalty: float = 1.0
     min_gen_len: int = 1
     max_gen_len: list[float] = field(default_factory=lambda: [1.5, 10])
@@ -74,9 +77,14 @@ class DecodingConfig:
             return
         for setting, value, allowed in self.draft_shape().problems():
             raise bad(setting, value, f"must be {allowed}")
-        for setting in ("relax_top", "relax_gap"):
+        for setting in ("relax_top", "relax_gap", "max_speculative_batch"):
             if getattr(self, setting) < 0:
                 raise bad(setting, getattr(self, setting), "must be ≥ 0")
+        if self.max_speculative_batch > 0 and (self.search != "beam" or self.relax_top > 0):
+            raise bad(
+                "max_speculative_batch", self.max_speculative_batch,
+                "applies to exact speculative beam search only (set it to 0)",
+            )  # fmt: skip
 
     def draft_shape(self) -> DraftShape:
         return DraftShape.of(beam_size=self.beam_size, **draft_keywords(self))
@@ -140,5 +148,6 @@ def make_generator(
         return BeamSearchSeq2SeqGenerator(target, vocab_info, **common)
     return SpeculativeBeamSearchSeq2SeqGenerator(
         target, draft, vocab_info, **draft_keywords(cfg), relaxation=cfg.relaxation(),
-        memory_budget_bytes=memory_budget_bytes, **common,
+        memory_budget_bytes=memory_budget_bytes,
+        max_speculative_sources=cfg.max_speculative_batch or None, **common,
     )  # fmt: skip

@@ -23,7 +23,11 @@ from fairseq2.generation import (
     SequenceGeneratorOutput,
     StepHook,
 )
-from fairseq2.generation.beam_search import BeamSearchAlgorithm, StandardBeamSearchAlgorithm
+from fairseq2.generation.beam_search import (
+    BeamSearchAlgorithm,
+    BeamSearchSeq2SeqGenerator,
+    StandardBeamSearchAlgorithm,
+)
 from fairseq2.generation.step_processor import StepProcessor
 from fairseq2.models.seq2seq import Seq2SeqModel
 from fairseq2.nn import BatchLayout
@@ -34,7 +38,13 @@ from typing_extensions import override
 from specbeam.accept import BeamAcceptor
 from specbeam.beam import BeamState, HypothesisFactory
 from specbeam.draft import Drafter, DraftShape, DraftStrategy
-from specbeam.memory import DecoderSize, cache_capacity, fit_budget, source_bytes
+from specbeam.memory import (
+    DecoderSize,
+    cache_capacity,
+    checked_increment,
+    fit_budget,
+    source_bytes,
+)
 from specbeam.relax import Relaxation
 from specbeam.rules import ScoringRules, length_limits
 from specbeam.stats import SpecStats
@@ -63,13 +73,18 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     follows the steps it advances per pass. None of these changes the output;
     a `relaxation` does (it accepts drafted steps the target ranks slightly lower).
 
-    `prefill_chunk_size` and `decode_capacity_increment` are accepted for drop-in
-    compatibility: the prompt is decoded in the first verification pass, and the caches
-    are preallocated once per call.
+    `decode_capacity_increment` is the caches' growth step, as in fairseq2 (None:
+    allocated for the length limit up front). `prefill_chunk_size` is accepted for
+    drop-in compatibility: the prompt is decoded in the first verification pass.
 
     `memory_budget_bytes` bounds a call's KV caches and logits (`specbeam.memory`): a
     batch that needs more is decoded in consecutive chunks of sources, with the same
     output; if one source alone needs more, the draft gets shallower, then narrower.
+
+    Calls with more than `max_speculative_sources` sources run fairseq2's beam search on
+    the target alone (as vLLM's `speculative_disable_by_batch_size`): where verification
+    is compute-bound, as on a CPU at large batches, a draft tree costs more target work
+    than the steps it saves. Exact decoding only, so the output is the same either way.
     """
 
     def __init__(
@@ -102,6 +117,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         draft_prune_margin: float | None = None,
         gamma_bounds: tuple[int, int] | None = None,
         relaxation: Relaxation | None = None,
+        max_speculative_sources: int | None = None,
     ) -> None:
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
@@ -139,6 +155,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         self._max_gen_len = max_gen_len
         limit = model.max_target_seq_len
         self._max_seq_len = limit if max_seq_len is None else min(max_seq_len, limit)
+        self._capacity_increment = checked_increment(decode_capacity_increment)
         self._echo_prompt = echo_prompt
         self._normalize_scores = normalize_scores
         self._temperature = temperature
@@ -151,6 +168,23 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             )
         self._memory_budget = memory_budget_bytes
         self._warned_shrink = False
+        if max_speculative_sources is not None and max_speculative_sources < 0:
+            raise ValueError(
+                f"`max_speculative_sources` must be ≥ 0 or None, but is {max_speculative_sources}."
+            )
+        if max_speculative_sources is not None and relaxation is not None:
+            raise ValueError(
+                "`max_speculative_sources` needs exact decoding: with a relaxation, a sentence's "
+                "output would depend on the size of its batch"
+            )
+        self._max_speculative_sources = max_speculative_sources
+        self._plain = BeamSearchSeq2SeqGenerator(
+            model, target_vocab_info, algo, beam_size=beam_size, min_gen_len=min_gen_len,
+            max_gen_len=max_gen_len, max_seq_len=max_seq_len, echo_prompt=echo_prompt,
+            normalize_scores=normalize_scores, temperature=temperature, unk_penalty=unk_penalty,
+            len_penalty=len_penalty, prefill_chunk_size=prefill_chunk_size,
+            decode_capacity_increment=decode_capacity_increment, step_processors=step_processors,
+        )  # fmt: skip
 
     @property
     @override
@@ -176,6 +210,12 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
+        limit = self._max_speculative_sources
+        if limit is not None and len(source_seqs) > limit:
+            out = self._plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
+            return SpeculativeGeneratorOutput(
+                out.hypotheses, out.counters, SpecStats(plain_sources=len(source_seqs))
+            )
         prompt_len, min_seq_len, max_seq_len = length_limits(
             source_seqs_layout, prompt_seqs_layout, self._max_gen_len, self._min_gen_len,
             self._max_seq_len,
@@ -278,6 +318,7 @@ class _Op:
         target, draft = TreeDecoder.pair(
             gen.model, gen.draft_model, source_seqs, source_layout, hyps_per_source=k,
             capacity=capacity,
+            capacity_increment=gen._capacity_increment,
         )  # fmt: skip
         self.verifier = Verifier(target)
         self.drafter = Drafter(draft, self.rules, prompts[:, None, :], shape)
@@ -292,12 +333,9 @@ class _Op:
         self.state = BeamState.start(prompts, k, max_seq_len)
         self.prompts = prompts
         self.output: list[list] = [[] for _ in range(num_sources)]
-        # The caches are allocated once here and only shrink, so this is their peak.
         self.stats = SpecStats(
             passes_per_source=[0] * num_sources,
             steps_per_source=[0] * num_sources,
-            peak_target_cache_bytes=target.cache.nbytes(),
-            peak_draft_cache_bytes=draft.cache.nbytes(),
         )
 
     def __call__(self) -> SpeculativeGeneratorOutput:
@@ -333,6 +371,8 @@ class _Op:
                 chains = chains.index_select(0, keep)
                 chain_len = chain_len.index_select(0, keep)
         stats.draft_passes = self.drafter.passes
+        stats.peak_target_cache_bytes = self.verifier.decoder.cache.peak_bytes
+        stats.peak_draft_cache_bytes = self.drafter.decoder.cache.peak_bytes
         for hyps in self.output:
             hyps.sort(key=lambda h: h.score, reverse=True)  # stable, as in fairseq2
         counters = GenerationCounters(

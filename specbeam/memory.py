@@ -1,8 +1,8 @@
 """Memory budget of a speculative generation call: the bytes one source needs at the
 peak, and the largest draft and number of sources at a time that fit a budget.
 
-Counted: both preallocated KV caches (exactly: they are sized with `cache_capacity`,
-like `_Op` sizes them) and the largest logits of a pass in fp32 (the verification's
+Counted: both KV caches at their largest (they grow up to `cache_capacity` positions,
+the bound `_Op` gives them) and the largest logits of a pass in fp32 (the verification's
 (T, V), the draft's per level). Left out, because they are small next to these for a
 translation vocabulary: weights, encoder outputs, attention masks and hidden states.
 """
@@ -40,6 +40,15 @@ def speculative_slots(k: int, prompt_len: int, depth: int, width: int) -> int:
 def cache_capacity(max_seq_len: int, prompt_len: int, k: int, depth: int, width: int) -> int:
     """Cache positions per hypothesis: the longest sequence plus one pass's slots."""
     return max_seq_len + -(-speculative_slots(k, prompt_len, depth, width) // k) + 1
+
+
+def checked_increment(decode_capacity_increment: int | None) -> int | None:
+    """The caches' growth step, as fairseq2's generators take it."""
+    if decode_capacity_increment is not None and decode_capacity_increment < 1:
+        raise ValueError(
+            f"`decode_capacity_increment` must be ≥ 1 or None, but is {decode_capacity_increment}."
+        )
+    return decode_capacity_increment
 
 
 @dataclass(frozen=True)

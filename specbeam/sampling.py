@@ -36,7 +36,7 @@ from typing_extensions import override
 
 from specbeam.draft import Drafter, DraftShape
 from specbeam.generator import SpeculativeGeneratorOutput
-from specbeam.memory import cache_capacity
+from specbeam.memory import cache_capacity, checked_increment
 from specbeam.rules import ScoringRules, length_limits
 from specbeam.stats import SpecStats
 from specbeam.tree import DraftTree
@@ -193,6 +193,7 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         self._max_gen_len = max_gen_len
         limit = model.max_target_seq_len
         self._max_seq_len = limit if max_seq_len is None else min(max_seq_len, limit)
+        self._capacity_increment = checked_increment(decode_capacity_increment)
         self._echo_prompt = echo_prompt
         self._compute_scores = compute_scores
         self._normalize_scores = normalize_scores
@@ -206,6 +207,10 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
     @override
     def model(self) -> Seq2SeqModel:
         return self._model
+
+    @property
+    def draft_model(self) -> Seq2SeqModel:
+        return self._draft_model
 
     @override
     def register_step_hook(self, hook: StepHook) -> RemovableHandle:
@@ -260,6 +265,7 @@ class _SampleOp:
         capacity = cache_capacity(max_seq_len, prompt_len, 1, gen._gamma, 1)
         target, draft = TreeDecoder.pair(
             gen.model, gen._draft_model, sources, layout, hyps_per_source=1, capacity=capacity,
+            capacity_increment=gen._capacity_increment,
         )  # fmt: skip
         self.verifier = Verifier(target)
         self.draw = DraftSampler(gen._filter, gen._generator)
@@ -289,8 +295,6 @@ class _SampleOp:
         self.stats = SpecStats(
             passes_per_source=[0] * num_sources,
             steps_per_source=[0] * num_sources,
-            peak_target_cache_bytes=target.cache.nbytes(),
-            peak_draft_cache_bytes=draft.cache.nbytes(),
         )
 
     def __call__(self) -> SpeculativeGeneratorOutput:
@@ -327,6 +331,8 @@ class _SampleOp:
                 self.drafter.select_sources(keep)
                 chains, chain_len = chains[keep], chain_len[keep]
         stats.draft_passes = self.drafter.passes
+        stats.peak_target_cache_bytes = self.verifier.decoder.cache.peak_bytes
+        stats.peak_draft_cache_bytes = self.drafter.decoder.cache.peak_bytes
         counters = GenerationCounters(
             prefill_size=self.prompts.numel(),
             num_generated_elements=stats.steps,

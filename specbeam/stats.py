@@ -20,6 +20,7 @@ class SpecStats:
     drafted_tokens: int = 0
     verified_slots: int = 0  # query tokens of all verification calls (padding included)
     accepted_tokens: int = 0
+    plain_sources: int = 0  # decoded by plain beam search (batch above max_speculative_sources)
     tau_histogram: Counter[int] = field(default_factory=Counter)
     peak_target_cache_bytes: int = 0
     peak_draft_cache_bytes: int = 0
@@ -67,6 +68,7 @@ class SpecStats:
             "drafted_tokens",
             "verified_slots",
             "accepted_tokens",
+            "plain_sources",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.tau_histogram.update(other.tau_histogram)

@@ -123,16 +123,18 @@ class TreeDecoder:
         *,
         hyps_per_source: int,
         capacity: int,
+        capacity_increment: int | None = None,
     ) -> tuple[TreeDecoder, TreeDecoder]:
         """The target's and the draft's decoders; a draft over the target's encoder
         reads the target's encoder output, so each source is encoded once."""
         first = TreeDecoder(
             target, source_seqs, source_layout, hyps_per_source=hyps_per_source,
-            capacity=capacity,
+            capacity=capacity, capacity_increment=capacity_increment,
         )  # fmt: skip
         shared = draft.encoder is target.encoder
         second = TreeDecoder(
             draft, source_seqs, source_layout, hyps_per_source=hyps_per_source, capacity=capacity,
+            capacity_increment=capacity_increment,
             encoder_output=first.encoder_output if shared else None,
         )  # fmt: skip
         return first, second
@@ -145,10 +147,12 @@ class TreeDecoder:
         *,
         hyps_per_source: int,
         capacity: int,
+        capacity_increment: int | None = None,
         encoder_output: Tensor | None = None,
     ) -> None:
-        """`encoder_output` skips encoding: a draft that reads its target's encoder
-        output gets it from the target's decoder instead of encoding again (`pair`)."""
+        """`capacity` positions per hypothesis at most, allocated `capacity_increment` at
+        a time (None: all at once). `encoder_output` skips encoding: a draft that reads
+        its target's encoder output gets it from the target's decoder (`pair`)."""
         frontend = model.decoder_frontend
         if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
             frontend.pos_encoder, SinusoidalPositionEncoder
@@ -171,6 +175,7 @@ class TreeDecoder:
         self.cache = SpeculativeKVCache(
             len(layers), source_seqs.size(0), capacity, hyps_per_source,
             attn.num_key_value_heads, attn.head_dim, device=source_seqs.device, dtype=dtype,
+            increment=capacity_increment,
         )  # fmt: skip
         self.state_bag = IncrementalStateBag(capacity)
         for i, layer in enumerate(layers):
@@ -216,6 +221,7 @@ class TreeDecoder:
         already in the cache after the last commit, then these.
         """
         cache = self.cache
+        cache.reserve(tokens.size(1))
         width, k = cache.width, cache.k
         cached = torch.arange(width, device=tokens.device)[None, :] < cache.lens[:, None]  # (S, W)
         own = hyp[:, :, None] == torch.arange(k, device=tokens.device)  # (S, T, k)

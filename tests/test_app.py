@@ -55,6 +55,12 @@ def build_error(*overrides: str) -> str:
         ),
         (["decoding=relaxed", "decoding.relax_gap=-1"], "decoding.relax_gap=-1.0 is invalid"),
         (
+            ["decoding=relaxed", "decoding.max_speculative_batch=4"],
+            "decoding.max_speculative_batch=4 is invalid: applies to exact speculative beam "
+            "search only",
+        ),
+        (["decoding.max_speculative_batch=-1"], "decoding.max_speculative_batch=-1 is invalid"),
+        (
             ["decoding=spec_sample", "decoding.sampler=greedy"],
             "decoding.sampler=greedy is invalid: allowed: top_p, top_k",
         ),

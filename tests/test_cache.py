@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fairseq2.nn import BatchLayout
 from hypothesis import given, settings
@@ -80,6 +81,36 @@ def test_select_sources_drops_rows() -> None:
     cache.select_sources(torch.tensor([2, 0]))
     assert cache.lens.tolist() == [1, 2] and cache.width == 2
     assert entry(cache, 0, 0, 1) == (2, 0, 1) and entry(cache, 1, 1, 0) == (0, 1, 0)
+
+
+def test_growth_keeps_live_entries_and_stops_at_the_bound() -> None:
+    cache = SpeculativeKVCache(
+        1, 2, 10, 2, 1, 3, device=torch.device("cpu"), dtype=torch.float32, increment=4
+    )
+    assert cache.capacity == 0 and cache.nbytes() == 0
+    cache.reserve(5)  # 5 slots over 2 hypotheses: 3 positions, rounded up to 4
+    assert cache.capacity == 4
+    cache.buf[0, :, :, :, :, 0] = 7.0
+    cache.lens, cache.width = torch.tensor([2, 3]), 3
+    cache.reserve(6)  # 3 prefix positions + 3 for the new slots
+    assert cache.capacity == 8
+    assert (cache.buf[0, :, :, :3, :, 0] == 7.0).all()
+    assert (cache.buf[0, :, :, 3:] == 0).all()  # never garbage, even where masked
+    cache.reserve(12)  # 9 positions: the bound (10) is below the next step (12)
+    assert cache.capacity == 10
+    assert cache.peak_bytes == cache.nbytes()
+    with pytest.raises(RuntimeError, match="capacity was sized too small"):
+        cache.reserve(15)
+    cache.select_sources(torch.tensor([1]))
+    assert cache.capacity == 10 and cache.buf.size(2) == 1 and cache.lens.tolist() == [3]
+    assert cache.peak_bytes == 2 * cache.nbytes()
+
+
+def test_preallocated_cache_refuses_to_grow() -> None:
+    cache = labelled_cache(1, 2, [3], 0)
+    cache.reserve(2 * 16 - 6)
+    with pytest.raises(RuntimeError, match="capacity was sized too small"):
+        cache.reserve(2 * 16 - 5)
 
 
 def test_cross_attention_reorders_same_size_permutation() -> None:

@@ -21,6 +21,7 @@ from specbeam.accept import BeamAcceptor
 from specbeam.data import pad
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.models import build_shallow_draft
+from specbeam.relax import Relaxation
 from tests.conftest import DRAFT_ARCH, NLLB_PROMPT, PROMPT, sources
 
 SCORE_TOL = 1e-5
@@ -226,6 +227,25 @@ def test_rejects_bad_settings(tiny_target, tiny_draft, vocab_info) -> None:
         )
     with pytest.raises(ValueError, match="beam_size"):
         SpeculativeBeamSearchSeq2SeqGenerator(tiny_target, tiny_draft, vocab_info, beam_size=0)
+
+
+def test_batches_above_the_limit_run_plain_beam_search(tiny_target, tiny_draft, vocab_info):
+    generator = SpeculativeBeamSearchSeq2SeqGenerator(
+        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, max_speculative_sources=2
+    )
+    beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
+    for n, speculative in ((2, True), (3, False)):
+        src, src_layout = pad(sources(seed=40, batch=n), 0)
+        prompts, prompt_layout = pad([NLLB_PROMPT] * n, 0)
+        out = generator(src, src_layout, prompts, prompt_layout)
+        assert_same(beam(src, src_layout, prompts, prompt_layout), out)
+        assert (out.stats.target_passes > 0) == speculative
+        assert out.stats.plain_sources == (0 if speculative else n)
+    with pytest.raises(ValueError, match="needs exact decoding"):
+        SpeculativeBeamSearchSeq2SeqGenerator(
+            tiny_target, tiny_draft, vocab_info, relaxation=Relaxation(2, 1.0),
+            max_speculative_sources=2,
+        )  # fmt: skip
 
 
 def test_bfloat16_draft_keeps_output_exact(tiny_target, tiny_draft, vocab_info) -> None:

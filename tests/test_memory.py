@@ -46,7 +46,8 @@ def test_chunks_give_the_same_output_and_a_lower_peak(tiny_target, tiny_draft, v
     draft = tiny_draft.to(torch.bfloat16)  # the estimate must follow each model's dtype
     try:
         args = batch(seed=7, n=6)
-        settings = dict(beam_size=4, gamma=3, draft_width=6)
+        # Allocated up front, the caches are exactly what the estimate counts.
+        settings = dict(beam_size=4, gamma=3, draft_width=6, decode_capacity_increment=None)
         base = BeamSearchSeq2SeqGenerator(
             tiny_target, vocab_info, beam_size=4, max_gen_len=MAX_GEN_LEN
         )(*args)
@@ -80,7 +81,9 @@ def test_a_source_too_large_shrinks_the_draft(
     gamma, draft_width, fits, tiny_target, tiny_draft, vocab_info, caplog
 ):
     args = batch(seed=8, n=3)
-    settings = dict(beam_size=4, gamma=gamma, draft_width=draft_width)
+    settings = dict(
+        beam_size=4, gamma=gamma, draft_width=draft_width, decode_capacity_increment=None
+    )
     base = BeamSearchSeq2SeqGenerator(
         tiny_target, vocab_info, beam_size=4, max_gen_len=MAX_GEN_LEN
     )(*args)
@@ -148,7 +151,9 @@ def test_hardware_budget_reaches_the_generator(tiny_target, tiny_draft, vocab_in
 def test_adaptive_depth_is_counted_at_its_upper_bound(tiny_target, tiny_draft, vocab_info):
     """The caches must hold the deepest tree adaptive γ may draft, and the estimate too."""
     args = batch(seed=8, n=3)
-    settings = dict(beam_size=4, gamma=3, draft_width=6, gamma_bounds=(1, 5))
+    settings = dict(
+        beam_size=4, gamma=3, draft_width=6, gamma_bounds=(1, 5), decode_capacity_increment=None
+    )
     out = spec(tiny_target, tiny_draft, vocab_info, **settings)(*args)
     need = per_source(tiny_target, tiny_draft, args, k=4, depth=5, width=6)
     assert out.stats.peak_target_cache_bytes == 3 * need.target_cache
@@ -156,3 +161,21 @@ def test_adaptive_depth_is_counted_at_its_upper_bound(tiny_target, tiny_draft, v
     chunked = fit(*args)
     assert_same(out, chunked)
     assert chunked.stats.peak_target_cache_bytes == need.target_cache
+
+
+def test_growing_caches_stay_within_the_estimate(tiny_target, tiny_draft, vocab_info) -> None:
+    """Grown 16 positions at a time (fairseq2's default), the caches hold less than the
+    length limit needs, and the output does not change."""
+    args = batch(seed=11, n=4)
+    settings = dict(beam_size=4, gamma=3, draft_width=6)
+    grown = spec(tiny_target, tiny_draft, vocab_info, **settings)(*args)
+    whole = spec(tiny_target, tiny_draft, vocab_info, decode_capacity_increment=None, **settings)(
+        *args
+    )
+    assert_same(whole, grown)
+    need = per_source(tiny_target, tiny_draft, args, k=4, depth=3, width=6)
+    assert whole.stats.peak_target_cache_bytes == 4 * need.target_cache
+    assert 0 < grown.stats.peak_target_cache_bytes < whole.stats.peak_target_cache_bytes
+    assert 0 < grown.stats.peak_draft_cache_bytes < whole.stats.peak_draft_cache_bytes
+    with pytest.raises(ValueError, match="`decode_capacity_increment` must be ≥ 1 or None"):
+        spec(tiny_target, tiny_draft, vocab_info, decode_capacity_increment=0)
