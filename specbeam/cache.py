@@ -117,9 +117,7 @@ class SpeculativeKVCache:
         accepted = flat[:, :, s_idx, width * k + slot]
         identity = torch.arange(k, device=origin.device).expand_as(origin)
         if width > 0 and not torch.equal(origin, identity):
-            prefix = self.buf[:, :, :, :width]
-            index = origin[None, None, :, None, :, None, None].expand_as(prefix)
-            prefix.copy_(prefix.gather(4, index))
+            self._reorder_prefixes(origin)
         kept = keep.sum(-1)  # (S, k)
         # Rank of each kept slot within its hypothesis = its offset after the prefix.
         rank = keep.long().cumsum(-1)[s_idx, i_idx, slot] - 1
@@ -127,6 +125,22 @@ class SpeculativeKVCache:
         self.lens = self.lens + kept[:, 0]
         self.width = int(self.lens.max()) if len(self.lens) else 0
         self.spec_len = 0
+
+    def _reorder_prefixes(self, origin: Tensor) -> None:
+        """Hypothesis i of source s takes the prefix of hypothesis origin[s, i]: one
+        `index_select` of whole (H·D) rows; a `gather` would read an int64 index per
+        element, twice the keys' own bytes."""
+        layers, kv, num_sources, capacity, k, heads, dim = self.buf.shape
+        width = self.width
+        rows = self.buf.view(layers * kv, num_sources * capacity * k, heads * dim)
+        position = torch.arange(width, device=origin.device)
+        index = (
+            torch.arange(num_sources, device=origin.device)[:, None, None] * (capacity * k)
+            + position[None, :, None] * k
+            + origin[:, None, :]
+        )  # (S, W, k): the row each prefix entry is read from
+        picked = rows.index_select(1, index.flatten())
+        self.buf[:, :, :, :width] = picked.view(layers, kv, num_sources, width, k, heads, dim)
 
     def select_sources(self, keep: Tensor) -> None:
         """Drops finished sources; `keep` (S',) indexes the surviving rows."""
