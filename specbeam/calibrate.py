@@ -235,8 +235,9 @@ class CalibrateConfig:
     name: str = "calibrated"
     """Writes conf/hardware/<name>.yaml (the current hardware config plus `tuned`)."""
     hardware_dir: str = "conf/hardware"
-    decoding: str = "spec_beam"
-    """The speculative decoding to tune; plain beam search of its beam size is the baseline."""
+    method: str = "spec_beam"
+    """The speculative decoding to tune (conf/decoding/<method>.yaml); plain beam search
+    of its beam size is the baseline. Not `decoding=`: that is the apps' config group."""
     split: str = "dev"
     sample: int = 20
     """Sentences of the split run for τ (batch 1) and the beam-search step cost."""
@@ -364,9 +365,9 @@ def write_hardware(cfg: CalibrateConfig, decoding: str, best: GridRow, cost: Cos
 
 def calibrate(cfg: CalibrateConfig) -> Path:
     cfg.hardware.apply()
-    decoding = cfg.hardware.tune(load_decoding(cfg.decoding))
+    decoding = cfg.hardware.tune(load_decoding(cfg.method))
     if not decoding.speculative:
-        raise ValueError(f"decoding={cfg.decoding} is not speculative: nothing to calibrate")
+        raise ValueError(f"method={cfg.method} is not speculative: nothing to calibrate")
     bad = [w for w in cfg.draft_widths if w < decoding.beam_size]
     if bad:
         raise ValueError(
@@ -382,9 +383,9 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     with torch.inference_mode():
         cost, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
     best = max(rows, key=lambda r: r.predicted)
-    path = write_hardware(cfg, cfg.decoding, best, cost)
+    path = write_hardware(cfg, cfg.method, best, cost)
     print(describe(cost, cfg.hardware, decoding.beam_size))
-    print(f"\n{cfg.decoding} on {len(sources)} {cfg.split} sentences, batch 1:\n")
+    print(f"\n{cfg.method} on {len(sources)} {cfg.split} sentences, batch 1:\n")
     print(grid_table(rows))
     print(
         f"\nbest predicted: gamma={best.gamma} draft_width={best.draft_width} "

@@ -86,6 +86,21 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     assert hw.tune(load_decoding("spec_greedy")) == load_decoding("spec_greedy")
 
 
+def test_calibrates_any_speculative_method(tmp_path) -> None:
+    """`method=` names the decoding to tune (`decoding=` is the apps' config group, and
+    Hydra refuses it here); its tuned settings sit beside those of other methods."""
+    cfg = compose_config("calibrate", [
+        "model=tiny_random", "hardware.threads=1", "name=cal_greedy", "method=spec_greedy",
+        f"hardware_dir={tmp_path}", "gammas=[2,3]", "draft_widths=[1]", "sample=2", "repeats=2",
+        "slot_counts=[1,5]",
+    ])  # fmt: skip
+    text = calibrate(cfg).read_text()
+    assert "# spec_greedy: best γ=" in text
+    tuned = OmegaConf.load(tmp_path / "cal_greedy.yaml").tuned
+    assert set(tuned) == {"spec_beam", "spec_greedy"}  # hardware=cpu's own entry is kept
+    assert tuned.spec_greedy.gamma in (2, 3) and tuned.spec_greedy.draft_width == 1
+
+
 def test_tuned_settings_must_be_decoding_settings() -> None:
     hw = HardwareConfig(tuned={"spec_beam": {"depth": 3}})
     with pytest.raises(ValueError, match="unknown settings: depth"):
@@ -104,7 +119,7 @@ def test_bench_quick_prints_every_goal(tmp_path) -> None:
         "| spec beam 5, batches of 16: sentences/s |",
         "| spec greedy vs greedy, batch 1: wall time |",
         "| relaxed beam 5, batch 1: wall time |",
-        "| peak KV cache (target + draft) ÷ beam's |",
+        "| peak KV cache, self + cross attention (target + draft) ÷ beam's |",
     ):
         assert row in result.stdout
     assert re.search(
