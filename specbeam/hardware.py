@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,8 +34,8 @@ class HardwareConfig:
     memory_budget_mb: float = 0
     """Speculative decoding keeps its KV caches and logits within this many MiB by
     decoding a batch in chunks (same output), or a smaller draft; 0 = unlimited."""
-    tuned: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Decoding name -> settings (gamma, draft_width) that replace the decoding file's on
+    tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Decoding name -> settings (gamma, draft_width, ...) that replace the decoding file's on
     this machine; written by specbeam.calibrate. Command-line values such as
     decoding.gamma=… still win."""
 

@@ -83,7 +83,7 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     )  # fmt: skip
     tuned = hw.tune(load_decoding("spec_beam"))
     assert tuned.gamma in (2, 3) and tuned.draft_width in (5, 6)
-    assert hw.tune(load_decoding("spec_greedy")) == load_decoding("spec_greedy")
+    assert hw.tune(load_decoding("spec_sample")) == load_decoding("spec_sample")  # not tuned
 
 
 def test_calibrates_any_speculative_method(tmp_path) -> None:
@@ -97,7 +97,7 @@ def test_calibrates_any_speculative_method(tmp_path) -> None:
     text = calibrate(cfg).read_text()
     assert "# spec_greedy: best γ=" in text
     tuned = OmegaConf.load(tmp_path / "cal_greedy.yaml").tuned
-    assert set(tuned) == {"spec_beam", "spec_greedy"}  # hardware=cpu's own entry is kept
+    assert {"spec_beam", "relaxed"} <= set(tuned)  # hardware=cpu's own entries are kept
     assert tuned.spec_greedy.gamma in (2, 3) and tuned.spec_greedy.draft_width == 1
 
 
