@@ -72,11 +72,14 @@ class HardwareConfig:
 
     def tune(self, decoding: DecodingConfig, keep: Collection[str] = ()) -> DecodingConfig:
         """`decoding` with this machine's calibrated settings for its name, if any, but
-        for the settings in `keep` (those the user gave explicitly)."""
-        settings = self.tuned.get(decoding.name, {})
+        for the settings in `keep` (those the user gave explicitly) and those a method
+        string names (`spec_beam:draft_width=20` keeps width 20, takes the tuned γ)."""
+        name, _, overrides = decoding.name.partition(":")
+        keep = {*keep, *(item.split("=", 1)[0] for item in overrides.split(";") if item)}
+        settings = self.tuned.get(name, {})
         unknown = set(settings) - {f.name for f in dataclasses.fields(decoding)}
         if unknown:
             raise ValueError(
-                f"hardware.tuned.{decoding.name} has unknown settings: {', '.join(sorted(unknown))}"
+                f"hardware.tuned.{name} has unknown settings: {', '.join(sorted(unknown))}"
             )
         return dataclasses.replace(decoding, **{k: v for k, v in settings.items() if k not in keep})

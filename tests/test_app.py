@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 
 import specbeam.translate  # noqa: F401  (registers translate_schema)
 from specbeam.app import check_group_choices, command_line_settings, run_app
-from specbeam.decoding import DecodingConfig
+from specbeam.decoding import DecodingConfig, load_decoding
 from specbeam.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.hardware import HardwareConfig
 from specbeam.inference import translate_texts
@@ -163,3 +163,10 @@ def test_command_line_settings_win_over_calibrated_ones() -> None:
     kept = hw.tune(decoding, keep={"gamma"})
     assert (kept.gamma, kept.draft_width) == (3, 9)
     assert command_line_settings("decoding") == set()  # outside a Hydra app
+
+
+def test_method_strings_are_tuned_but_for_the_settings_they_name() -> None:
+    """evaluate's `spec_beam:draft_width=20` is spec_beam as tuned, with width 20."""
+    hw = HardwareConfig(tuned={"spec_beam": {"gamma": 7, "draft_width": 9}})
+    varied = hw.tune(load_decoding("spec_beam:draft_width=20;draft_prune_margin=1.5"))
+    assert (varied.gamma, varied.draft_width, varied.draft_prune_margin) == (7, 20, 1.5)
