@@ -58,15 +58,14 @@ def run_side_by_side(
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     for m in methods:
         m.outputs, m.tokens = [""] * len(sources), [[] for _ in sources]
-    # One probe for all: methods share models, and a probe of each would also count the
-    # calls of every other method on the same model.
+    # One probe for all, emptied after every call: methods share models, and a probe of
+    # each would also count the calls of every other method on the same model.
     probe = PeakCacheProbe(model for m in methods for model in models(m.generator))
     try:
         for batch in tqdm(batches, desc=desc or f"batch {batch_size}", unit="batch"):
             src, src_layout = pad([tokens[i] for i in batch], 0)
             prompts, prompt_layout = pad([prompt] * len(batch), 0)
             for m in methods:
-                probe.take()  # nothing from before this call
                 started = time.perf_counter()
                 out = m.generator(src, src_layout, prompts, prompt_layout)
                 m.seconds.append(time.perf_counter() - started)

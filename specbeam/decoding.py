@@ -92,15 +92,25 @@ class DecodingConfig:
     def relaxation(self) -> Relaxation | None:
         return Relaxation(self.relax_top, self.relax_gap) if self.relax_top > 0 else None
 
+    def method_settings(self) -> tuple[str, set[str]]:
+        """The decoding file `name` is made from, and the settings its method string sets."""
+        base, dotlist = parse_method(self.name)
+        return base, {item.split("=", 1)[0] for item in dotlist}
+
+
+def parse_method(method: str) -> tuple[str, list[str]]:
+    """`name:key=value;key=value` -> the decoding's name and its settings as a dotlist."""
+    name, _, overrides = method.partition(":")
+    return name, [item for item in overrides.split(";") if item]
+
 
 def load_decoding(method: str) -> DecodingConfig:
     """`name` or `name:key=value;key=value`, e.g. `spec_beam:gamma=6;draft_width=8`."""
-    name, _, overrides = method.partition(":")
+    name, dotlist = parse_method(method)
     path = REPO_ROOT / "conf" / "decoding" / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
         raise ValueError(f"methods: unknown decoding '{name}'; allowed: {known}")
-    dotlist = [item for item in overrides.split(";") if item]
     merged = OmegaConf.merge(
         OmegaConf.structured(DecodingConfig),
         OmegaConf.load(path),

@@ -178,7 +178,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
                 "output would depend on the size of its batch"
             )
         self._max_speculative_sources = max_speculative_sources
-        self._plain = BeamSearchSeq2SeqGenerator(
+        self._plain = None if max_speculative_sources is None else BeamSearchSeq2SeqGenerator(
             model, target_vocab_info, algo, beam_size=beam_size, min_gen_len=min_gen_len,
             max_gen_len=max_gen_len, max_seq_len=max_seq_len, echo_prompt=echo_prompt,
             normalize_scores=normalize_scores, temperature=temperature, unk_penalty=unk_penalty,
@@ -210,9 +210,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
-        limit = self._max_speculative_sources
-        if limit is not None and len(source_seqs) > limit:
-            out = self._plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
+        limit, plain = self._max_speculative_sources, self._plain
+        if limit is not None and plain is not None and len(source_seqs) > limit:
+            out = plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
             return SpeculativeGeneratorOutput(
                 out.hypotheses, out.counters, SpecStats(plain_sources=len(source_seqs))
             )

@@ -74,8 +74,8 @@ class HardwareConfig:
         """`decoding` with this machine's calibrated settings for its name, if any, but
         for the settings in `keep` (those the user gave explicitly) and those a method
         string names (`spec_beam:draft_width=20` keeps width 20, takes the tuned γ)."""
-        name, _, overrides = decoding.name.partition(":")
-        keep = {*keep, *(item.split("=", 1)[0] for item in overrides.split(";") if item)}
+        name, named = decoding.method_settings()
+        keep = {*keep, *named}
         settings = self.tuned.get(name, {})
         unknown = set(settings) - {f.name for f in dataclasses.fields(decoding)}
         if unknown:
