@@ -7,7 +7,7 @@ draft tree, the target's next log-probs for it were verified in the same pass an
 j + 1 follows; otherwise the source stops after step j. So each pass advances every
 source by 1 to D + 1 steps, and the result is plain beam search. One exception keeps a
 pass going: hypotheses off the tree whose own score (an upper bound on their children's)
-is below the 2k-th candidate of step j + 1 cannot affect it.
+is below the k-th non-EOS candidate of step j + 1 cannot affect it.
 """
 
 from __future__ import annotations
@@ -96,17 +96,20 @@ class BeamAcceptor:
             self.rules.apply(lprobs, step_nr, seqs)
             lprobs.masked_fill_(~known[..., None], -torch.inf)
             top, index = (scores[..., None] + lprobs).flatten(1).topk(min(2 * k, lprobs[0].numel()))
+            parent, token = index // vocab, index % vocab
+            is_eos = token == self.rules.eos_idx
+            keep = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :k]
             # A hypothesis off the tree has no verified log-probs, but its children score at
-            # most its own score: below the 2k-th candidate, none of them could be chosen.
+            # most its own score. The step is decided by the candidates up to the k-th
+            # non-EOS one: below it, none of those children could change it.
             unknown = (~known).any(-1)
-            fits = ~unknown | (scores.masked_fill(known, -torch.inf).amax(-1) < top[:, -1])
+            decisive = top.gather(1, keep[:, -1:]).squeeze(1)
+            fits = ~unknown | (scores.masked_fill(known, -torch.inf).amax(-1) < decisive)
             late = active & ~fits
             if late.any():
                 for f, s in zip(final, stop_here, strict=True):
                     f[late] = s[late]
                 active = active & fits
-            parent, token = index // vocab, index % vocab
-            is_eos = token == self.rules.eos_idx
             finishing = is_eos[:, :k] & active[:, None]
             if finishing.any():
                 self._finish(
@@ -120,7 +123,6 @@ class BeamAcceptor:
                     output,
                     done,
                 )
-            keep = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :k]
             parent, token, top = parent.gather(1, keep), token.gather(1, keep), top.gather(1, keep)
             # Level j's id of each current hypothesis (its index below the roots).
             key = origin if j == 0 else node - (j - 1) * width

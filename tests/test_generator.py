@@ -353,8 +353,8 @@ def test_out_of_tree_hypotheses_below_the_cut_do_not_stop_a_pass(
     tiny_target, copy_draft, vocab_info, monkeypatch
 ) -> None:
     """With a node budget the lowest hypotheses fall off the tree; a pass may still go
-    on when their best possible children (≤ their own score) rank below the 2k-th
-    candidate. Same output, more steps per pass than without that bound."""
+    on when their best possible children (≤ their own score) rank below the k-th
+    non-EOS candidate. Same output, more steps per pass than without that bound."""
     case = Case.draw(6)
     case.beam_size, case.gamma, case.strategy, case.draft_width, case.batch = 4, 4, "beam", None, 8
     case.min_gen_len, case.max_gen_len, case.extra, case.max_draft_nodes = 1, (2.0, 5), {}, 6
