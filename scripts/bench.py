@@ -194,6 +194,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     points = measure_call_costs(
         target, draft, encode(sorted(sources, key=len)[len(sources) // 2]), hyps=spec.beam_size,
         prefix_len=settings.prefix_len, slot_counts=settings.slot_counts, repeats=settings.repeats,
+        lean_draft=spec.lean_draft,
     )  # fmt: skip
     stages.update()
     single = {n: method(n) for n in names}

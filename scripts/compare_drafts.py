@@ -81,6 +81,7 @@ def main() -> None:
             ms = measure_call_costs(
                 target, fast, source, hyps=decoding.beam_size, prefix_len=20,
                 slot_counts=[decoding.beam_size], repeats=args.repeats,
+                lean_draft=decoding.lean_draft,
             )  # fmt: skip
             run = MethodRun("spec", make_generator(decoding, target, fast, vocab))
             run_side_by_side(

@@ -124,12 +124,13 @@ class CallTimer:
         prefix_len: int,
         max_slots: int,
         encoder_output: Tensor | None = None,
+        lean: bool = False,
     ) -> None:
         src, layout = pad([source], 0)
         capacity = prefix_len + -(-max_slots // hyps) + 1
         self.decoder = TreeDecoder(
             model, src, layout, hyps_per_source=hyps, capacity=capacity,
-            encoder_output=encoder_output,
+            encoder_output=encoder_output, lean=lean,
         )  # fmt: skip
         self.vocab_size = model.final_proj.output_dim
         self.gen = torch.Generator().manual_seed(0)
@@ -168,15 +169,18 @@ def measure_call_costs(
     prefix_len: int,
     slot_counts: Sequence[int],
     repeats: int,
+    lean_draft: bool = True,
 ) -> dict[str, dict[int, float]]:
     """Median ms per call of "target" and "draft" for every T; calls are interleaved
-    (target, draft, every T, in turn) and repeated, so machine noise falls alike."""
+    (target, draft, every T, in turn) and repeated, so machine noise falls alike.
+    `lean_draft`: the draft's decoder as the generators run it (decoding.lean_draft)."""
     timers = {"target": CallTimer(target, source, hyps=hyps, prefix_len=prefix_len,
                                   max_slots=max(slot_counts))}  # fmt: skip
     shared = draft.encoder is target.encoder
     timers["draft"] = CallTimer(
         draft, source, hyps=hyps, prefix_len=prefix_len, max_slots=max(slot_counts),
         encoder_output=timers["target"].decoder.encoder_output if shared else None,
+        lean=lean_draft,
     )  # fmt: skip
     for timer in timers.values():  # warm-up: first calls allocate
         timer(max(slot_counts))
@@ -278,7 +282,7 @@ def run_grid(
     typical = sorted(sources, key=len)[len(sources) // 2]
     points = measure_call_costs(
         target, draft, encode(typical), hyps=decoding.beam_size, prefix_len=cfg.prefix_len,
-        slot_counts=cfg.slot_counts, repeats=cfg.repeats,
+        slot_counts=cfg.slot_counts, repeats=cfg.repeats, lean_draft=decoding.lean_draft,
     )  # fmt: skip
     base = dataclasses.replace(load_decoding("beam"), beam_size=decoding.beam_size)
     budget = cfg.hardware.memory_budget_bytes

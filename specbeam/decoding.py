@@ -44,6 +44,9 @@ class DecodingConfig:
     max_speculative_batch: int = 0
     """> 0: batches of more sentences run plain beam search (exact decoding only; same
     output). On a CPU, verification turns compute-bound as batches grow."""
+    lean_draft: bool = True
+    """Run the draft's decoder as plain tensor ops (specbeam/lean_decoder.py), not
+    through fairseq2's modules: same numbers, less per-call overhead."""
     len_penalty: float = 1.0
     min_gen_len: int = 1
     max_gen_len: list[float] = field(default_factory=lambda: [1.5, 10])
@@ -151,6 +154,7 @@ def make_generator(
             vocab_info,
             sampler,
             gamma=cfg.gamma,
+            lean_draft=cfg.lean_draft,
             **common,  # type: ignore[arg-type]
         )
     common["beam_size"] = cfg.beam_size
@@ -158,6 +162,6 @@ def make_generator(
         return BeamSearchSeq2SeqGenerator(target, vocab_info, **common)
     return SpeculativeBeamSearchSeq2SeqGenerator(
         target, draft, vocab_info, **draft_keywords(cfg), relaxation=cfg.relaxation(),
-        memory_budget_bytes=memory_budget_bytes,
+        memory_budget_bytes=memory_budget_bytes, lean_draft=cfg.lean_draft,
         max_speculative_sources=cfg.max_speculative_batch or None, **common,
     )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -14,6 +15,16 @@ from specbeam.data import pad, token_batches
 def target_prompt(tokenizer: Tokenizer, tgt_lang: str) -> torch.Tensor:
     """NLLB's target prefix `[</s>, __lang__]`: the target encoder's output minus its EOS."""
     return tokenizer.create_encoder(lang=tgt_lang, mode="target")("")[:-1]
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """Lone surrogates (from `surrogateescape` decoding, e.g. stdin under a C locale)
+    have no UTF-8 form and crash SentencePiece: each becomes U+FFFD, as
+    input_errors=replace does for invalid bytes in a file."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def translate_texts(
@@ -37,7 +48,7 @@ def translate_texts(
     pad_idx = tokenizer.vocab_info.pad_idx or 0
     prompt = target_prompt(tokenizer, tgt_lang)
     limit = generator.model.max_source_seq_len
-    tokens = [encode(s) for s in sources]
+    tokens = [encode(encodable(s)) for s in sources]
     long = [i for i, t in enumerate(tokens) if len(t) > limit]
     for i in long:
         tokens[i] = torch.cat([tokens[i][: limit - 1], tokens[i][-1:]])

@@ -26,6 +26,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from specbeam.cache import CrossAttentionState, SpeculativeKVCache
+from specbeam.lean_decoder import LeanDecoder, lean_problem, padding_bias
+from specbeam.peak_cache import observe
 
 
 @final
@@ -124,9 +126,11 @@ class TreeDecoder:
         hyps_per_source: int,
         capacity: int,
         capacity_increment: int | None = None,
+        lean_draft: bool = False,
     ) -> tuple[TreeDecoder, TreeDecoder]:
         """The target's and the draft's decoders; a draft over the target's encoder
-        reads the target's encoder output, so each source is encoded once."""
+        reads the target's encoder output, so each source is encoded once. With
+        `lean_draft`, the draft runs as plain tensor ops where it can (lean_decoder.py)."""
         first = TreeDecoder(
             target, source_seqs, source_layout, hyps_per_source=hyps_per_source,
             capacity=capacity, capacity_increment=capacity_increment,
@@ -135,7 +139,7 @@ class TreeDecoder:
         second = TreeDecoder(
             draft, source_seqs, source_layout, hyps_per_source=hyps_per_source, capacity=capacity,
             capacity_increment=capacity_increment,
-            encoder_output=first.encoder_output if shared else None,
+            encoder_output=first.encoder_output if shared else None, lean=lean_draft,
         )  # fmt: skip
         return first, second
 
@@ -149,10 +153,12 @@ class TreeDecoder:
         capacity: int,
         capacity_increment: int | None = None,
         encoder_output: Tensor | None = None,
+        lean: bool = False,
     ) -> None:
         """`capacity` positions per hypothesis at most, allocated `capacity_increment` at
         a time (None: all at once). `encoder_output` skips encoding: a draft that reads
-        its target's encoder output gets it from the target's decoder (`pair`)."""
+        its target's encoder output gets it from the target's decoder (`pair`). `lean`
+        runs the decoder as plain tensor ops if its layers allow (else as fairseq2's)."""
         frontend = model.decoder_frontend
         if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
             frontend.pos_encoder, SinusoidalPositionEncoder
@@ -178,9 +184,19 @@ class TreeDecoder:
             increment=capacity_increment,
         )  # fmt: skip
         self.state_bag = IncrementalStateBag(capacity)
-        for i, layer in enumerate(layers):
-            self.state_bag.set_state(layer.self_attn, self.cache.layer_state(i))
-            self.state_bag.set_state(layer.encoder_decoder_attn, self._cross_state(layer))
+        own = [self.cache.layer_state(i) for i in range(len(layers))]
+        cross = [self._cross_state(layer) for layer in layers]
+        for layer, own_state, cross_state in zip(layers, own, cross, strict=True):
+            self.state_bag.set_state(layer.self_attn, own_state)
+            self.state_bag.set_state(layer.encoder_decoder_attn, cross_state)
+        self.lean: LeanDecoder | None = None
+        if lean and lean_problem(model.decoder) is None:
+            self.lean = LeanDecoder(model.decoder, own, cross)  # type: ignore[arg-type]
+        self._source_bias = self._padding_bias()
+
+    def _padding_bias(self) -> Tensor | None:
+        enc = self.encoder_output
+        return padding_bias(self.encoder_seq_lens, enc.size(1), self.dtype, enc.device)
 
     def _cross_state(self, layer: torch.nn.Module) -> CrossAttentionState:
         attn = layer.encoder_decoder_attn
@@ -230,11 +246,15 @@ class TreeDecoder:
         bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         self.bias.tensor = bias.masked_fill_(~mask, -torch.inf)[:, None]
         x = self.embed(tokens, positions)
-        enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
-        with self._tree_attention():
-            out = self.model.decoder(
-                x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag
-            )
+        if self.lean is not None:
+            out = self.lean(x, self.bias.tensor, self._source_bias)
+            observe(self.model.decoder, self.state_bag)
+        else:
+            enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
+            with self._tree_attention():
+                out = self.model.decoder(
+                    x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag
+                )
         cache.advance(tokens.size(1))
         self.bias.tensor = None
         return out
@@ -247,6 +267,7 @@ class TreeDecoder:
         self.cache.select_sources(keep)
         self.encoder_output = self.encoder_output.index_select(0, keep)
         self.encoder_seq_lens = [self.encoder_seq_lens[i] for i in keep.tolist()]
+        self._source_bias = self._padding_bias()
         for layer in self.model.decoder.layers:
             state = self.state_bag.maybe_get_state(layer.encoder_decoder_attn, CrossAttentionState)
             state.reorder(keep)

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specbeam.decoding import DecodingConfig, make_generator
 from specbeam.hardware import HardwareConfig
+from specbeam.inference import encodable
 from specbeam.models import build_model
 from specbeam.task import TaskConfig
 from specbeam.translate import TranslateConfig, translate_chunk
@@ -251,6 +252,7 @@ _LINE = st.one_of(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(_LINE, max_size=6), batch_tokens=st.integers(1, 200))
+@example(lines=["\ud800", "a\udcffb"], batch_tokens=1)  # lone surrogates: found by this test
 def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines, batch_tokens):
     tokenizer, generators = fuzz_pipeline
     cfg = TranslateConfig(hardware=HardwareConfig(batch_tokens=batch_tokens, threads=1))
@@ -267,7 +269,7 @@ def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines,
         if not line.strip():
             assert text == ""
             continue
-        tokens = encode(line)
+        tokens = encode(encodable(line))
         if len(tokens) > limit:
             tokens = torch.cat([tokens[: limit - 1], tokens[-1:]])
         assert text in spec.seen[tuple(tokens.tolist())]  # this line's own translation

@@ -1,0 +1,123 @@
+"""A pre-LN fairseq2 decoder's forward pass as plain tensor ops, for drafting.
+
+A small draft's decoder call is mostly Python: the two d256 layers of the embedded
+draft compute in a fraction of a millisecond, while fairseq2's module stack (sharded
+linears, layouts, bias caches, state-bag lookups) costs as much again, and a pass makes
+one draft call per tree level. The draft's numbers only shape the tree, never the
+output, so it may take this path; the target always runs fairseq2's own modules.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import torch
+from fairseq2.models.transformer import (
+    AttentionState,
+    StandardFeedForwardNetwork,
+    StandardMultiheadAttention,
+    StandardTransformerDecoderLayer,
+    TransformerDecoder,
+    TransformerNormOrder,
+)
+from fairseq2.nn import StandardLayerNorm
+from torch import Tensor
+from torch.nn.functional import layer_norm, linear, scaled_dot_product_attention
+
+
+def lean_problem(decoder: TransformerDecoder) -> str | None:
+    """Why the lean path cannot run this decoder (None: it can)."""
+    norm = getattr(decoder, "layer_norm", None)
+    if not isinstance(norm, StandardLayerNorm):
+        return "no final StandardLayerNorm"
+    if getattr(decoder, "dropout", None) is not None:
+        return "decoder dropout"
+    for layer in decoder.layers:
+        if not isinstance(layer, StandardTransformerDecoderLayer):
+            return f"layer type {type(layer).__name__}"
+        if layer.norm_order != TransformerNormOrder.PRE:
+            return f"norm order {layer.norm_order.name}"
+        if not isinstance(layer.ffn, StandardFeedForwardNetwork):
+            return f"feed-forward network {type(layer.ffn).__name__}"
+        for attn in (layer.self_attn, layer.encoder_decoder_attn):
+            if not isinstance(attn, StandardMultiheadAttention):
+                return f"attention type {type(attn).__name__}"
+            if attn.num_key_value_heads != attn.num_heads:
+                return "grouped-query attention"
+            if attn.q_norm or attn.k_norm or attn.pos_encoder or attn.sdpa.scale is not None:
+                return "attention with norms, positions or a custom scale"
+        norms = (layer.self_attn_layer_norm, layer.encoder_decoder_attn_layer_norm, layer.ffn_layer_norm)  # fmt: skip
+        if not all(isinstance(n, StandardLayerNorm) for n in norms):
+            return "layer norms other than StandardLayerNorm"
+    return None
+
+
+def _norm(x: Tensor, norm: StandardLayerNorm) -> Tensor:
+    return layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _heads(x: Tensor, head_dim: int) -> Tensor:
+    return x.unflatten(-1, (-1, head_dim))  # (S, T, H, D)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """q (S, T, H, D), k and v (S, K, H, D), bias (S, 1, T, K) or None -> (S, T, H·D)."""
+    out = scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
+    )
+    return out.transpose(1, 2).flatten(2)
+
+
+@final
+class LeanDecoder:
+    """Same arithmetic as fairseq2's decoder (pre-LN layers), reading the same weights
+    and the same incremental states, without the module machinery."""
+
+    def __init__(
+        self,
+        decoder: TransformerDecoder,
+        self_states: list[AttentionState],
+        cross_states: list[AttentionState],
+    ) -> None:
+        problem = lean_problem(decoder)
+        if problem is not None:
+            raise ValueError(f"the lean decoder cannot run this model: {problem}")
+        self.decoder = decoder
+        self.self_states = self_states
+        self.cross_states = cross_states
+
+    def __call__(self, x: Tensor, self_bias: Tensor, cross_bias: Tensor | None) -> Tensor:
+        """x (S, T, M) embedded new slots; self_bias (S, 1, T, keys); cross_bias
+        (S, 1, 1, source length) masks source padding, None without padding."""
+        layers = self.decoder.layers
+        for layer, own, cross in zip(layers, self.self_states, self.cross_states, strict=True):
+            attn = layer.self_attn
+            h = _norm(x, layer.self_attn_layer_norm)
+            q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
+            k = _heads(linear(h, attn.k_proj.weight, attn.k_proj.bias), attn.head_dim)
+            v = _heads(linear(h, attn.v_proj.weight, attn.v_proj.bias), attn.head_dim)
+            own.append(k, v)
+            out = _attend(q, *own.get(), self_bias)
+            x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+            attn = layer.encoder_decoder_attn
+            h = _norm(x, layer.encoder_decoder_attn_layer_norm)
+            q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
+            out = _attend(q, *cross.get(), cross_bias)
+            x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+            ffn = layer.ffn
+            h = linear(_norm(x, layer.ffn_layer_norm), ffn.inner_proj.weight, ffn.inner_proj.bias)
+            x = x + linear(ffn.inner_activation(h), ffn.output_proj.weight, ffn.output_proj.bias)
+        return _norm(x, self.decoder.layer_norm)
+
+
+def padding_bias(
+    seq_lens: list[int], length: int, dtype: torch.dtype, device: torch.device
+) -> Tensor | None:
+    """Additive (S, 1, 1, length) mask of the source padding; None where no source is
+    shorter than `length`, the encoder output's padded length."""
+    if min(seq_lens, default=length) == length:
+        return None
+    lens = torch.tensor(seq_lens, device=device)
+    pad = torch.arange(length, device=device)[None, :] >= lens[:, None]
+    bias = torch.zeros(pad.shape, dtype=dtype, device=device).masked_fill_(pad, -torch.inf)
+    return bias[:, None, None, :]
