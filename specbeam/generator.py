@@ -182,6 +182,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
                 "output would depend on the size of its batch"
             )
         self._max_speculative_sources = max_speculative_sources
+        self._told_plain = False
         self._plain = None if max_speculative_sources is None else BeamSearchSeq2SeqGenerator(
             model, target_vocab_info, algo, beam_size=beam_size, min_gen_len=min_gen_len,
             max_gen_len=max_gen_len, max_seq_len=max_seq_len, echo_prompt=echo_prompt,
@@ -216,6 +217,13 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     ) -> SpeculativeGeneratorOutput:
         limit, plain = self._max_speculative_sources, self._plain
         if limit is not None and plain is not None and len(source_seqs) > limit:
+            if not self._told_plain:
+                log.info(
+                    "batches of more than %d sentences (decoding.max_speculative_batch) run "
+                    "plain beam search: same output, no draft",
+                    limit,
+                )
+                self._told_plain = True
             out = plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
             return SpeculativeGeneratorOutput(
                 out.hypotheses, out.counters, SpecStats(plain_sources=len(source_seqs))

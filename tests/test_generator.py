@@ -9,6 +9,7 @@ could only flip a choice on an exact tie. None of the seeded cases below hits on
 from __future__ import annotations
 
 import copy
+import logging
 import random
 from dataclasses import dataclass
 
@@ -229,7 +230,10 @@ def test_rejects_bad_settings(tiny_target, tiny_draft, vocab_info) -> None:
         SpeculativeBeamSearchSeq2SeqGenerator(tiny_target, tiny_draft, vocab_info, beam_size=0)
 
 
-def test_batches_above_the_limit_run_plain_beam_search(tiny_target, tiny_draft, vocab_info):
+def test_batches_above_the_limit_run_plain_beam_search(
+    tiny_target, tiny_draft, vocab_info, caplog
+) -> None:
+    caplog.set_level(logging.INFO, logger="specbeam.generator")
     generator = SpeculativeBeamSearchSeq2SeqGenerator(
         tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, max_speculative_sources=2
     )
@@ -241,6 +245,7 @@ def test_batches_above_the_limit_run_plain_beam_search(tiny_target, tiny_draft, 
         assert_same(beam(src, src_layout, prompts, prompt_layout), out)
         assert (out.stats.target_passes > 0) == speculative
         assert out.stats.plain_sources == (0 if speculative else n)
+    assert "more than 2 sentences (decoding.max_speculative_batch) run plain" in caplog.text
     with pytest.raises(ValueError, match="needs exact decoding"):
         SpeculativeBeamSearchSeq2SeqGenerator(
             tiny_target, tiny_draft, vocab_info, relaxation=Relaxation(2, 1.0),

@@ -123,6 +123,19 @@ def _wait_for_lines(partial: Path, count: int, proc: subprocess.Popen) -> None:
     raise AssertionError(f"{partial} never reached {count} lines")
 
 
+def test_batches_above_max_speculative_batch_are_marked_plain(tmp_path, source_file) -> None:
+    """The per-line stats of a batch that ran plain beam search say so (they crashed)."""
+    stats = tmp_path / "stats.jsonl"
+    result = run(
+        tmp_path, "decoding=spec_beam", "decoding.max_speculative_batch=1", f"input={source_file}",
+        f"output={tmp_path / 'out.en'}", f"stats_file={stats}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "run plain beam search" in result.stderr
+    records = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [r.get("plain", False) for r in records] == [True, False, True, False, True]
+
+
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
 def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
     dev = [
