@@ -9,6 +9,7 @@ output, so it may take this path; the target always runs fairseq2's own modules.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import final
 
 import torch
@@ -76,8 +77,8 @@ class LeanDecoder:
     def __init__(
         self,
         decoder: TransformerDecoder,
-        self_states: list[AttentionState],
-        cross_states: list[AttentionState],
+        self_states: Sequence[AttentionState],
+        cross_states: Sequence[AttentionState],
     ) -> None:
         problem = lean_problem(decoder)
         if problem is not None:

@@ -9,6 +9,7 @@ rows of different lengths).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import final
@@ -28,6 +29,8 @@ from typing_extensions import override
 from specbeam.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.lean_decoder import LeanDecoder, lean_problem, padding_bias
 from specbeam.peak_cache import observe
+
+log = logging.getLogger(__name__)
 
 
 @final
@@ -190,8 +193,11 @@ class TreeDecoder:
             self.state_bag.set_state(layer.self_attn, own_state)
             self.state_bag.set_state(layer.encoder_decoder_attn, cross_state)
         self.lean: LeanDecoder | None = None
-        if lean and lean_problem(model.decoder) is None:
-            self.lean = LeanDecoder(model.decoder, own, cross)  # type: ignore[arg-type]
+        problem = lean_problem(model.decoder) if lean else None
+        if problem is not None:
+            log.info("the draft decoder runs through fairseq2's modules: %s", problem)
+        elif lean:
+            self.lean = LeanDecoder(model.decoder, own, cross)
         self._source_bias = self._padding_bias()
 
     def _padding_bias(self) -> Tensor | None:

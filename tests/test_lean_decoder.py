@@ -4,6 +4,7 @@ and after sources are dropped; decoders it cannot run keep fairseq2's path."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
 from fairseq2.models.transformer import TransformerNormOrder
@@ -55,10 +56,12 @@ def test_lean_decoder_matches_fairseq2s(tiny_target) -> None:
     assert torch.allclose(got, want, atol=TOL), (got - want).abs().max()
 
 
-def test_decoders_the_lean_path_cannot_run_keep_fairseq2s(tiny_target) -> None:
+def test_decoders_the_lean_path_cannot_run_keep_fairseq2s(tiny_target, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="specbeam.tree_attention")
     post = copy.deepcopy(tiny_target)
     post.decoder.layers[1].norm_order = TransformerNormOrder.POST
     assert lean_problem(post.decoder) == "norm order POST"
     src, layout = pad(sources(seed=5, batch=1), 0)
     dec = TreeDecoder(post, src, layout, hyps_per_source=1, capacity=16, lean=True)
     assert dec.lean is None
+    assert "runs through fairseq2's modules: norm order POST" in caplog.text
