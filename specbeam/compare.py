@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from specbeam.data import pad
 from specbeam.generator import SpeculativeGeneratorOutput
-from specbeam.inference import target_prompt
+from specbeam.inference import encode_sources, target_prompt
 from specbeam.peak_cache import PeakCacheProbe
 from specbeam.stats import SpecStats
 
@@ -50,10 +50,9 @@ def run_side_by_side(
     desc: str = "",
 ) -> None:
     """Decodes `sources` with every method, batch by batch (sorted by length)."""
-    encode = tokenizer.create_encoder(lang=src_lang, mode="source")
     decode = tokenizer.create_decoder(skip_special_tokens=True)
     prompt = target_prompt(tokenizer, tgt_lang)
-    tokens = [encode(s) for s in sources]
+    tokens = encode_sources(tokenizer, sources, src_lang)
     order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     for m in methods:

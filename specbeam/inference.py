@@ -21,10 +21,18 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def encodable(text: str) -> str:
-    """Lone surrogates (from `surrogateescape` decoding, e.g. stdin under a C locale)
-    have no UTF-8 form and crash SentencePiece: each becomes U+FFFD, as
-    input_errors=replace does for invalid bytes in a file."""
+    """Lone surrogates have no UTF-8 form and crash SentencePiece: each becomes U+FFFD, as
+    input_errors=replace does for invalid bytes in a file. The apps decode their input
+    bytes themselves, so only Python callers can pass them (e.g. text decoded with
+    `surrogateescape`)."""
     return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def encode_sources(
+    tokenizer: Tokenizer, sources: Sequence[str], src_lang: str
+) -> list[torch.Tensor]:
+    encode = tokenizer.create_encoder(lang=src_lang, mode="source")
+    return [encode(encodable(s)) for s in sources]
 
 
 def translate_texts(
@@ -43,12 +51,11 @@ def translate_texts(
     A source longer than the model accepts is cut to its first tokens (its end-of-sentence
     kept) and translated; `on_truncate` gets the indices of such sources.
     """
-    encode = tokenizer.create_encoder(lang=src_lang, mode="source")
     decode = tokenizer.create_decoder(skip_special_tokens=True)
     pad_idx = tokenizer.vocab_info.pad_idx or 0
     prompt = target_prompt(tokenizer, tgt_lang)
     limit = generator.model.max_source_seq_len
-    tokens = [encode(encodable(s)) for s in sources]
+    tokens = encode_sources(tokenizer, sources, src_lang)
     long = [i for i, t in enumerate(tokens) if len(t) > limit]
     for i in long:
         tokens[i] = torch.cat([tokens[i][: limit - 1], tokens[i][-1:]])

@@ -45,7 +45,8 @@ def lean_problem(decoder: TransformerDecoder) -> str | None:
                 return f"attention type {type(attn).__name__}"
             if attn.num_key_value_heads != attn.num_heads:
                 return "grouped-query attention"
-            if attn.q_norm or attn.k_norm or attn.pos_encoder or attn.sdpa.scale is not None:
+            scale = getattr(attn.sdpa, "scale", None)
+            if attn.q_norm or attn.k_norm or attn.pos_encoder or scale is not None:
                 return "attention with norms, positions or a custom scale"
         norms = (layer.self_attn_layer_norm, layer.encoder_decoder_attn_layer_norm, layer.ffn_layer_norm)  # fmt: skip
         if not all(isinstance(n, StandardLayerNorm) for n in norms):

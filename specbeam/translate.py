@@ -151,12 +151,13 @@ def translate_chunk(
                 "batch_size": len(batch),
                 "batch_seconds": now - last,
             }
-            if isinstance(result, SpeculativeGeneratorOutput) and result.stats.plain_sources:
-                record["plain"] = True  # a batch above decoding.max_speculative_batch
-            elif isinstance(result, SpeculativeGeneratorOutput):
-                passes = result.stats.passes_per_source[row]
-                steps = result.stats.steps_per_source[row]
-                record.update(target_passes=passes, steps=steps, tau=steps / max(passes, 1))
+            if isinstance(result, SpeculativeGeneratorOutput):
+                if result.stats.plain_sources:  # a batch above decoding.max_speculative_batch
+                    record["plain"] = True
+                else:
+                    passes = result.stats.passes_per_source[row]
+                    steps = result.stats.steps_per_source[row]
+                    record.update(target_passes=passes, steps=steps, tau=steps / max(passes, 1))
             records[todo[i]] = record
         last = now
 

@@ -201,6 +201,9 @@ class TreeDecoder:
         self._source_bias = self._padding_bias()
 
     def _padding_bias(self) -> Tensor | None:
+        """The lean path's cross-attention mask (fairseq2's path derives its own)."""
+        if self.lean is None:
+            return None
         enc = self.encoder_output
         return padding_bias(self.encoder_seq_lens, enc.size(1), self.dtype, enc.device)
 
