@@ -77,7 +77,10 @@ class SpeculativeKVCache:
 
     def reserve(self, num_slots: int) -> None:
         """Makes room for `num_slots` more speculative slots before a decoder call."""
-        needed = self._positions(num_slots)
+        self._make_room(self._positions(num_slots))
+
+    def _make_room(self, needed: int) -> None:
+        """At least `needed` positions per hypothesis, growing by `increment`."""
         if needed <= self.capacity:
             return
         if needed > self.max_capacity or self.increment is None:
@@ -111,6 +114,10 @@ class SpeculativeKVCache:
         origin: (S, k) long. keep: (S, k, spec_len) bool; every hypothesis of a source
         keeps the same number of slots (they advanced the same number of steps).
         """
+        kept = keep.sum(-1)  # (S, k)
+        # Slots were reserved for all k hypotheses together; each one's prefix and kept
+        # slots must fit in its own positions.
+        self._make_room(int((self.lens + kept[:, 0]).max()) if len(self.lens) else 0)
         flat, width, k = self.flat(), self.width, self.k
         s_idx, i_idx, slot = keep.nonzero(as_tuple=True)
         # (layers, 2, n, H, D): read the accepted slots before anything is overwritten.
@@ -118,7 +125,6 @@ class SpeculativeKVCache:
         identity = torch.arange(k, device=origin.device).expand_as(origin)
         if width > 0 and not torch.equal(origin, identity):
             self._reorder_prefixes(origin)
-        kept = keep.sum(-1)  # (S, k)
         # Rank of each kept slot within its hypothesis = its offset after the prefix.
         rank = keep.long().cumsum(-1)[s_idx, i_idx, slot] - 1
         self.buf[:, :, s_idx, self.lens[s_idx] + rank, i_idx] = accepted

@@ -60,7 +60,7 @@ def test_commit_matches_reference(data) -> None:
     )
     keep = torch.zeros((num_sources, k, spec), dtype=torch.bool)
     for s in range(num_sources):
-        count = data.draw(st.integers(0, spec))
+        count = data.draw(st.integers(0, min(spec, 16 - lens[s])))  # the labelled cache holds 16
         for i in range(k):
             keep[s, i, data.draw(st.permutations(range(spec)))[:count]] = True
     cache.commit(origin, keep)
@@ -104,6 +104,29 @@ def test_growth_keeps_live_entries_and_stops_at_the_bound() -> None:
     cache.select_sources(torch.tensor([1]))
     assert cache.capacity == 10 and cache.buf.size(2) == 1 and cache.lens.tolist() == [3]
     assert cache.peak_bytes == 2 * cache.nbytes()
+
+
+def test_commit_makes_room_for_each_hypothesis_path() -> None:
+    """4 slots reserved over 2 hypotheses take 2 positions beyond the prefix, but one
+    hypothesis may keep all 4 (a chain): the commit grows the buffer, or refuses past
+    the bound (found by test_commit_matches_reference: an IndexError before)."""
+    for bound, grows in ((10, True), (5, False)):
+        cache = SpeculativeKVCache(
+            1, 1, bound, 2, 1, 3, device=torch.device("cpu"), dtype=torch.float32, increment=4
+        )
+        cache.lens, cache.width = torch.tensor([2]), 2  # a 2-position prefix
+        cache.reserve(4)  # 2 + 2 positions
+        cache.advance(4)
+        assert cache.capacity == 4
+        cache.flat()[0, :, 0, 4:8, 0, 0] = torch.arange(5.0, 9.0)
+        keep = torch.ones((1, 2, 4), dtype=torch.bool)  # each keeps all 4: 6 positions
+        if not grows:
+            with pytest.raises(RuntimeError, match="capacity was sized too small"):
+                cache.commit(torch.tensor([[0, 1]]), keep)
+            continue
+        cache.commit(torch.tensor([[0, 1]]), keep)
+        assert cache.capacity == 8 and cache.lens.tolist() == [6]
+        assert cache.buf[0, 0, 0, 2:6, 1, 0, 0].tolist() == [5.0, 6.0, 7.0, 8.0]
 
 
 def test_preallocated_cache_refuses_to_grow() -> None:
