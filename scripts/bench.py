@@ -6,7 +6,7 @@
     .venv/bin/python scripts/bench.py --hardware calibrated --limit 300
 
 Every comparison runs both methods on the same batches with the same models and threads
-(`specbeam.compare.run_side_by_side`). Efficiency is the measured speedup over the one
+(`specbeam.apps.compare.run_side_by_side`). Efficiency is the measured speedup over the one
 `specbeam.calibrate`'s cost model predicts from the run's own τ and pass profile. Writes
 bench.md, bench.json and bench.png to the output directory.
 """
@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
-from specbeam.calibrate import (
+from specbeam.apps.calibrate import (
     CostModel,
     CountingGenerator,
     PassProfile,
@@ -37,11 +37,11 @@ from specbeam.calibrate import (
     predict_speedup,
     step_ms,
 )
-from specbeam.compare import MethodRun, run_side_by_side
-from specbeam.decoding import DecodingConfig, load_decoding, make_generator
-from specbeam.evaluate import EvaluateConfig
-from specbeam.models import ModelPairConfig, load_pair
-from specbeam.paths import REPO_ROOT
+from specbeam.apps.compare import MethodRun, run_side_by_side
+from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
+from specbeam.apps.evaluate import EvaluateConfig
+from specbeam.apps.paths import REPO_ROOT
+from specbeam.integration.models import ModelPairConfig, load_pair
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

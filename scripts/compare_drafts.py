@@ -21,14 +21,14 @@ import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from sacrebleu.metrics import BLEU
 
-from specbeam.agreement import measure_agreement
-from specbeam.calibrate import measure_call_costs
-from specbeam.compare import MethodRun, run_side_by_side
-from specbeam.data import tokenize_pairs
-from specbeam.decoding import load_decoding, make_generator
-from specbeam.inference import translate_texts
-from specbeam.models import cast_draft, load_model, num_parameters
-from specbeam.task import TaskConfig
+from specbeam.apps.calibrate import measure_call_costs
+from specbeam.apps.compare import MethodRun, run_side_by_side
+from specbeam.apps.data import tokenize_pairs
+from specbeam.apps.decoding import load_decoding, make_generator
+from specbeam.apps.inference import translate_texts
+from specbeam.apps.task import TaskConfig
+from specbeam.integration.models import cast_draft, load_model, num_parameters
+from specbeam.training.agreement import measure_agreement
 
 
 def own_parameters(draft: torch.nn.Module, target: torch.nn.Module) -> int:

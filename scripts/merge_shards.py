@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from specbeam.app import shard_range
-from specbeam.textio import read_lines
+from specbeam.apps.app import shard_range
+from specbeam.apps.textio import read_lines
 
 
 def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:

@@ -14,8 +14,8 @@ import torch
 from fairseq2.data.tokenizers import VocabularyInfo
 from fairseq2.models.transformer import TransformerModel
 
-from specbeam.data import pad
-from specbeam.models import ModelArch, build_model
+from specbeam.apps.data import pad
+from specbeam.integration.models import ModelArch, build_model
 
 # Tiny models gain nothing from intra-op threads, and lose a lot when the machine is busy.
 torch.set_num_threads(1)

@@ -2,8 +2,8 @@
 
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
-from specbeam.data import pad
-from specbeam.models import num_parameters
+from specbeam.apps.data import pad
+from specbeam.integration.models import num_parameters
 from tests.conftest import PROMPT, sources
 
 

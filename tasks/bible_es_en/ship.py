@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from specbeam.cards import model_card, tokenizer_fields, write_cards
-from specbeam.models import ModelArch, load_model, save_model
-from specbeam.task import TaskConfig
+from specbeam.apps.task import TaskConfig
+from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
+from specbeam.integration.models import ModelArch, load_model, save_model
 
 HERE = Path(__file__).resolve().parent
 BUDGET_MB = 100  # target + draft + tokenizer, in 10^6 bytes

@@ -1,0 +1,107 @@
+"""What specbeam's Hydra apps share: the settings of a translation pipeline, building it,
+and turning bad settings into one-line errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.generation import Seq2SeqGenerator
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from specbeam.apps.decoding import DecodingConfig, make_generator
+from specbeam.apps.hardware import HardwareConfig
+from specbeam.apps.paths import REPO_ROOT
+from specbeam.apps.task import TaskConfig
+from specbeam.integration.models import ModelPairConfig, load_pair
+
+R = TypeVar("R")
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelPairConfig = field(default_factory=ModelPairConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+
+    def build(self) -> tuple[Tokenizer, Seq2SeqGenerator]:
+        """A non-speculative decoding leaves the pair's draft unloaded rather than
+        refusing it: the draft belongs to the model pair, which every decoding shares
+        (the default pair has one, and `decoding=beam` runs on it)."""
+        self.hardware.apply()
+        self.decoding.validate()  # as given: a bad value is an error even where tuning replaces it
+        self.decoding = self.hardware.tune(self.decoding, command_line_settings("decoding"))
+        self.decoding.validate()
+        if self.decoding.speculative and self.model.draft is None:
+            raise ValueError(
+                f"decoding={self.decoding.name} is speculative but model.draft is null: "
+                "set model.draft, or use a non-speculative decoding (beam, greedy)"
+            )
+        tokenizer = self.task.load_tokenizer()
+        target, draft = load_pair(
+            self.model, tokenizer.vocab_info.size, with_draft=self.decoding.speculative,
+            draft_dtype=self.hardware.draft_torch_dtype,
+        )  # fmt: skip
+        target.to(self.hardware.target_torch_dtype)
+        generator = make_generator(
+            self.decoding, target, draft, tokenizer.vocab_info,
+            memory_budget_bytes=self.hardware.memory_budget_bytes,
+        )  # fmt: skip
+        return tokenizer, generator
+
+
+def command_line_settings(group: str) -> set[str]:
+    """Settings of a config group given on this Hydra app's command line
+    (`decoding.gamma=6` -> {"gamma"}); empty outside a Hydra app."""
+    if not HydraConfig.initialized():
+        return set()
+    names = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
+    return {n.split(".", 1)[1] for n in names if n.startswith(f"{group}.")}
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    """`i/n` -> (i, n), for jobs split across processes or machines."""
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise ValueError(f"shard={shard} is invalid: expected i/n, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise ValueError(f"shard={shard} is invalid: need 0 ≤ i < n")
+    return i, n
+
+
+def shard_range(shard: str, total: int) -> tuple[int, int]:
+    """The contiguous block [begin, end) of `total` lines that shard i of n owns, so
+    that concatenating the shards' outputs in order restores the whole."""
+    i, n = parse_shard(shard)
+    return total * i // n, total * (i + 1) // n
+
+
+def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
+    """Runs an app on its structured config; a bad setting or a missing file ends the
+    process with one line naming the problem, not a traceback."""
+    try:
+        return app(OmegaConf.to_object(cfg))
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def check_group_choices(argv: Sequence[str], conf_dir: Path = REPO_ROOT / "conf") -> None:
+    """Ends the process with one line when an override picks a config that does not
+    exist (`decoding=nope`), naming the ones that do; Hydra would print a dozen lines."""
+    for arg in argv:
+        group, sep, value = arg.partition("=")
+        options = conf_dir / group
+        if not sep or not group.isidentifier() or not options.is_dir():
+            continue
+        allowed = sorted(p.stem for p in options.glob("*.yaml"))
+        for choice in value.split(","):  # a multirun sweeps over several
+            if choice not in allowed and "(" not in choice:
+                raise SystemExit(
+                    f"error: {group}={choice} is unknown; allowed: {', '.join(allowed)}"
+                )

@@ -1,0 +1,406 @@
+"""Calibration: this machine's cost model, and the draft depth and width it favours.
+
+    python -m specbeam.calibrate                          # embedded pair, writes conf/hardware/calibrated.yaml
+    python -m specbeam.calibrate model=tiny_random name=test 'gammas=[2,4]' sample=3
+
+Measures the target's verification cost per call as a line in its query slots, the
+draft's per call the same way, and plain beam search's cost per step; runs the
+speculative decoding for a grid of γ × draft width on a dev sample for τ and the slots,
+draft calls and acceptance time of a pass; and predicts
+
+    speedup = τ · step_ms / (verify_ms(slots per pass) + draft calls per pass · draft_ms + accept_ms)
+
+The cell with the best measured speedup (every cell and plain beam search decode the
+same sentences, interleaved) is written as `tuned` settings of a hardware config; the
+prediction is printed beside it to show why, and where the cost model is off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import final
+
+import hydra
+import numpy as np
+import torch
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
+from fairseq2.models.seq2seq import Seq2SeqModel
+from fairseq2.models.transformer import TransformerModel
+from fairseq2.nn import BatchLayout
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+from torch import Tensor
+from torch.utils.hooks import RemovableHandle
+from tqdm import tqdm
+from typing_extensions import override
+
+from specbeam.apps.app import run_app
+from specbeam.apps.compare import MethodRun, run_side_by_side
+from specbeam.apps.data import pad
+from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
+from specbeam.apps.hardware import HardwareConfig
+from specbeam.apps.paths import REPO_ROOT
+from specbeam.apps.task import TaskConfig
+from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.search.stats import SpecStats
+from specbeam.search.tree_attention import SlotTable, TreeDecoder
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Milliseconds of one decoder call over `slots` query tokens: a + b · slots."""
+
+    a: float
+    b: float
+
+    def ms(self, slots: float) -> float:
+        return self.a + self.b * slots
+
+
+def fit_linear(slots: Sequence[float], ms: Sequence[float]) -> LinearCost:
+    """Least-squares line through (slots, ms)."""
+    b, a = np.polyfit(np.asarray(slots, dtype=float), np.asarray(ms, dtype=float), 1)
+    return LinearCost(float(a), float(b))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    verify: LinearCost  # one target decoder call (fp32) over all slots of a pass
+    draft: LinearCost  # one draft decoder call at the hardware's draft dtype
+    step_ms: float  # plain beam search, per target decoder call (encoding amortised)
+    points: dict[str, dict[int, float]] = field(default_factory=dict)  # model -> T -> ms
+
+
+@dataclass(frozen=True)
+class PassProfile:
+    """What one verification pass does, on average, in a batch-1 run."""
+
+    tau: float
+    slots: float  # verified query tokens
+    draft_calls: float
+    draft_slots: float  # query tokens per draft call (drafted nodes per call)
+    accept_ms: float
+
+    @classmethod
+    def of(cls, stats: SpecStats) -> PassProfile:
+        passes = max(stats.target_passes, 1)
+        return cls(
+            tau=stats.tau,
+            slots=stats.verified_slots / passes,
+            draft_calls=stats.draft_passes / passes,
+            draft_slots=stats.drafted_tokens / max(stats.draft_passes, 1),
+            accept_ms=1000 * stats.seconds["accept"] / passes,
+        )
+
+
+def predict_speedup(cost: CostModel, p: PassProfile) -> float:
+    pass_ms = cost.verify.ms(p.slots) + p.draft_calls * cost.draft.ms(p.draft_slots) + p.accept_ms
+    return p.tau * cost.step_ms / pass_ms
+
+
+@final
+class CallTimer:
+    """Times one decoder call over T new query tokens of one source whose k hypotheses
+    each have `prefix_len` cached positions: the embedding, the tree-masked decoder
+    (TreeDecoder.forward) and the projection of every slot, as verification does them.
+    The call is rolled back afterwards, so every call sees the same prefix. Token ids
+    are arbitrary: they do not change the cost."""
+
+    def __init__(
+        self,
+        model: TransformerModel,
+        source: Tensor,
+        *,
+        hyps: int,
+        prefix_len: int,
+        max_slots: int,
+        encoder_output: Tensor | None = None,
+        lean: bool = False,
+    ) -> None:
+        src, layout = pad([source], 0)
+        capacity = prefix_len + -(-max_slots // hyps) + 1
+        self.decoder = TreeDecoder(
+            model, src, layout, hyps_per_source=hyps, capacity=capacity,
+            encoder_output=encoder_output, lean=lean,
+        )  # fmt: skip
+        self.vocab_size = model.final_proj.output_dim
+        self.gen = torch.Generator().manual_seed(0)
+        self.origin = torch.arange(hyps)[None]  # every hypothesis keeps its own prefix
+        _, keep = self._decode(hyps, prefix_len)
+        self.decoder.cache.commit(self.origin, keep)
+
+    def _decode(self, chains: int, length: int) -> tuple[float, Tensor]:
+        """Decodes `chains` chains of `length` tokens: seconds, and which slots each
+        chain's last token sees (its chain), (1, chains, chains · length)."""
+        dec = self.decoder
+        tokens = torch.randint(4, self.vocab_size, (1, chains, length), generator=self.gen)
+        table = SlotTable(1, chains * length, tokens.device)
+        roots = table.add_chains(tokens, torch.full((1,), length), dec.cache.lens)
+        started = time.perf_counter()
+        dec.logits(dec.forward(*table.query(0, table.size)))
+        seconds = time.perf_counter() - started
+        return seconds, table.visible[torch.zeros_like(roots), roots, : table.size]
+
+    def __call__(self, slots: int) -> float:
+        """Seconds of one call over `slots` query tokens; nothing is kept."""
+        seconds, _ = self._decode(1, slots)
+        self.decoder.cache.commit(
+            self.origin, torch.zeros((1, len(self.origin[0]), slots), dtype=torch.bool)
+        )
+        return seconds
+
+
+@torch.inference_mode()
+def measure_call_costs(
+    target: TransformerModel,
+    draft: TransformerModel,
+    source: Tensor,
+    *,
+    hyps: int,
+    prefix_len: int,
+    slot_counts: Sequence[int],
+    repeats: int,
+    lean_draft: bool = True,
+) -> dict[str, dict[int, float]]:
+    """Median ms per call of "target" and "draft" for every T; calls are interleaved
+    (target, draft, every T, in turn) and repeated, so machine noise falls alike.
+    `lean_draft`: the draft's decoder as the generators run it (decoding.lean_draft)."""
+    timers = {"target": CallTimer(target, source, hyps=hyps, prefix_len=prefix_len,
+                                  max_slots=max(slot_counts))}  # fmt: skip
+    shared = draft.encoder is target.encoder
+    timers["draft"] = CallTimer(
+        draft, source, hyps=hyps, prefix_len=prefix_len, max_slots=max(slot_counts),
+        encoder_output=timers["target"].decoder.encoder_output if shared else None,
+        lean=lean_draft,
+    )  # fmt: skip
+    for timer in timers.values():  # warm-up: first calls allocate
+        timer(max(slot_counts))
+    samples: dict[str, dict[int, list[float]]] = {m: {t: [] for t in slot_counts} for m in timers}
+    for _ in tqdm(range(repeats), desc="decoder calls", unit="round", file=sys.stderr):
+        for t in slot_counts:
+            for name, timer in timers.items():
+                samples[name][t].append(1000 * timer(t))
+    return {m: {t: statistics.median(v) for t, v in s.items()} for m, s in samples.items()}
+
+
+@final
+class CountingGenerator(Seq2SeqGenerator):
+    """A plain generator that counts its model's decoder calls (prefill and steps)."""
+
+    def __init__(self, inner: Seq2SeqGenerator) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    @property
+    @override
+    def model(self) -> Seq2SeqModel:
+        return self.inner.model
+
+    @override
+    def register_step_hook(self, hook) -> RemovableHandle:  # noqa: ANN001
+        return self.inner.register_step_hook(hook)
+
+    def _count(self, *_: object) -> None:
+        self.calls += 1
+
+    @override
+    def __call__(
+        self,
+        source_seqs: Tensor,
+        source_seqs_layout: BatchLayout,
+        prompt_seqs: Tensor | None,
+        prompt_seqs_layout: BatchLayout | None,
+    ) -> SequenceGeneratorOutput:
+        handle = self.inner.model.decoder.register_forward_hook(self._count)
+        try:
+            return self.inner(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
+        finally:
+            handle.remove()
+
+
+def step_ms(run: MethodRun) -> float:
+    """Milliseconds per target decoder call of a run of a `CountingGenerator`."""
+    assert isinstance(run.generator, CountingGenerator)
+    return 1000 * run.total_seconds / max(run.generator.calls, 1)
+
+
+@dataclass(kw_only=True)
+class CalibrateConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelPairConfig = field(default_factory=ModelPairConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    name: str = "calibrated"
+    """Writes conf/hardware/<name>.yaml (the current hardware config plus `tuned`)."""
+    hardware_dir: str = "conf/hardware"
+    method: str = "spec_beam"
+    """The speculative decoding to tune (conf/decoding/<method>.yaml); plain beam search
+    of its beam size is the baseline. Not `decoding=`: that is the apps' config group."""
+    split: str = "dev"
+    sample: int = 20
+    """Sentences of the split run for τ (batch 1) and the beam-search step cost."""
+    gammas: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 7, 8])
+    draft_widths: list[int] = field(default_factory=lambda: [5, 10])
+    slot_counts: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50, 100])
+    """Query tokens per timed decoder call (the fit's x values)."""
+    prefix_len: int = 20
+    """Cached positions per hypothesis during timed calls (a mid-sentence prefix)."""
+    repeats: int = 7
+
+
+ConfigStore.instance().store(name="calibrate_schema", node=CalibrateConfig)
+
+
+@dataclass(frozen=True)
+class GridRow:
+    gamma: int
+    draft_width: int
+    profile: PassProfile
+    predicted: float
+    measured: float  # beam seconds ÷ this setting's seconds, same sentences, interleaved
+
+
+def run_grid(
+    cfg: CalibrateConfig,
+    decoding: DecodingConfig,
+    target: TransformerModel,
+    draft: TransformerModel,
+    tokenizer: Tokenizer,
+    sources: list[str],
+) -> tuple[CostModel, list[GridRow]]:
+    """Plain beam search and every grid setting on the same sentences at batch 1,
+    interleaved; the call costs are measured first on a typical sentence."""
+    encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
+    typical = sorted(sources, key=len)[len(sources) // 2]
+    points = measure_call_costs(
+        target, draft, encode(typical), hyps=decoding.beam_size, prefix_len=cfg.prefix_len,
+        slot_counts=cfg.slot_counts, repeats=cfg.repeats, lean_draft=decoding.lean_draft,
+    )  # fmt: skip
+    base = dataclasses.replace(load_decoding("beam"), beam_size=decoding.beam_size)
+    budget = cfg.hardware.memory_budget_bytes
+    counting = CountingGenerator(make_generator(base, target, None, tokenizer.vocab_info))
+    baseline = MethodRun("beam", counting)
+    settings = [(g, w) for g in cfg.gammas for w in cfg.draft_widths]
+    runs = [
+        MethodRun(
+            f"gamma={g} width={w}",
+            make_generator(
+                dataclasses.replace(decoding, gamma=g, draft_width=w),
+                target,
+                draft,
+                tokenizer.vocab_info,
+                memory_budget_bytes=budget,
+            ),
+        )
+        for g, w in settings
+    ]
+    run_side_by_side(
+        [baseline, *runs], tokenizer, sources, cfg.task.src_lang, cfg.task.tgt_lang,
+        batch_size=1, desc="τ grid",
+    )  # fmt: skip
+    fits = {m: fit_linear(list(ms), list(ms.values())) for m, ms in points.items()}
+    cost = CostModel(fits["target"], fits["draft"], step_ms(baseline), points)
+    rows = []
+    for (gamma, width), run in zip(settings, runs, strict=True):
+        profile = PassProfile.of(run.stats)
+        speedup = baseline.total_seconds / run.total_seconds
+        rows.append(GridRow(gamma, width, profile, predict_speedup(cost, profile), speedup))
+    return cost, rows
+
+
+def describe(cost: CostModel, hardware: HardwareConfig, beam_size: int) -> str:
+    measured = {
+        m: ", ".join(f"{t}: {ms:.2f}" for t, ms in points.items())
+        for m, points in cost.points.items()
+    }
+    verify = f"{cost.verify.a:.2f} + {cost.verify.b:.3f}·T"
+    draft = f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T"
+    return (
+        f"cost model (threads={hardware.threads}; ms per call over T query slots):\n"
+        f"  {'verify (target, fp32)':<24}{verify:<18}measured T: ms = {measured['target']}\n"
+        f"  {f'draft ({hardware.draft_dtype})':<24}{draft:<18}measured T: ms = {measured['draft']}\n"
+        f"  {f'plain beam {beam_size} step':<24}{cost.step_ms:.2f} per target decoder call"
+    )
+
+
+def grid_table(rows: list[GridRow]) -> str:
+    head = (
+        "| γ | width | τ | slots/pass | draft calls/pass | accept ms/pass | predicted | measured |"
+    )
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        p = r.profile
+        lines.append(
+            f"| {r.gamma} | {r.draft_width} | {p.tau:.2f} | {p.slots:.1f} | {p.draft_calls:.1f} | "
+            f"{p.accept_ms:.2f} | {r.predicted:.2f}× | {r.measured:.2f}× |"
+        )
+    return "\n".join(lines)
+
+
+def write_hardware(cfg: CalibrateConfig, decoding: str, best: GridRow, cost: CostModel) -> Path:
+    hw = dataclasses.replace(
+        cfg.hardware,
+        name=cfg.name,
+        tuned={**cfg.hardware.tuned, decoding: {"gamma": best.gamma, "draft_width": best.draft_width}},
+    )  # fmt: skip
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = [
+        f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
+        f"# model={cfg.model.name}, threads={hw.threads}, draft {hw.draft_dtype}, "
+        f"{cfg.sample} {cfg.split} sentences at batch 1, medians of {cfg.repeats} timed calls.",
+        f"# target call = {cost.verify.a:.2f} + {cost.verify.b:.3f}·T ms, draft call = "
+        f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T ms, beam step = {cost.step_ms:.2f} ms.",
+        f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.profile.tau:.2f}, "
+        f"predicted {best.predicted:.2f}×, measured {best.measured:.2f}×.",
+    ]
+    path = Path(cfg.hardware_dir)
+    path = (path if path.is_absolute() else REPO_ROOT / path) / f"{cfg.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = OmegaConf.to_yaml(OmegaConf.structured(hw))
+    path.write_text("\n".join(header) + "\n" + body)
+    return path
+
+
+def calibrate(cfg: CalibrateConfig) -> Path:
+    cfg.hardware.apply()
+    decoding = cfg.hardware.tune(load_decoding(cfg.method))
+    if not decoding.speculative:
+        raise ValueError(f"method={cfg.method} is not speculative: nothing to calibrate")
+    bad = [w for w in cfg.draft_widths if w < decoding.beam_size]
+    if bad:
+        raise ValueError(
+            f"draft_widths={bad} is invalid: must be ≥ beam_size ({decoding.beam_size})"
+        )
+    tokenizer = cfg.task.load_tokenizer()
+    target, draft = load_pair(
+        cfg.model, tokenizer.vocab_info.size, with_draft=True,
+        draft_dtype=cfg.hardware.draft_torch_dtype,
+    )  # fmt: skip
+    assert draft is not None
+    sources = [p.source for p in cfg.task.split(cfg.split)[: cfg.sample]]
+    with torch.inference_mode():
+        cost, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
+    best = max(rows, key=lambda r: r.measured)
+    path = write_hardware(cfg, cfg.method, best, cost)
+    print(describe(cost, cfg.hardware, decoding.beam_size))
+    print(f"\n{cfg.method} on {len(sources)} {cfg.split} sentences, batch 1:\n")
+    print(grid_table(rows))
+    print(
+        f"\nbest measured: gamma={best.gamma} draft_width={best.draft_width} "
+        f"({best.measured:.2f}×, predicted {best.predicted:.2f}×)\n"
+        f"wrote {path} (use: hardware={cfg.name})"
+    )
+    return path
+
+
+@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="calibrate")
+def main(cfg: CalibrateConfig) -> None:
+    run_app(calibrate, cfg)

@@ -1,0 +1,85 @@
+"""Hardware settings: device, threads, precision of drafting, batch size, and the
+decoding settings that `python -m specbeam.calibrate` found fastest on this machine."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from specbeam.search.memory import MB
+
+if TYPE_CHECKING:
+    from specbeam.apps.decoding import DecodingConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(kw_only=True)
+class HardwareConfig:
+    name: str = "cpu"
+    device: str = "cpu"
+    threads: int = 2
+    draft_dtype: str = "float32"
+    """Precision of the draft model; exactness does not depend on it (verification is fp32)."""
+    target_dtype: str = "float32"
+    """Precision of the target. Exact speculative decoding reproduces beam search on the
+    target in this precision; bfloat16 is faster where that matters less (distillation
+    data), but its rounding makes near-ties flip more often than fp32's."""
+    batch_tokens: int = 1024
+    """Padded source tokens per batch (sentences are grouped by length)."""
+    memory_budget_mb: float = 0
+    """Speculative decoding keeps its KV caches and logits within this many MiB by
+    decoding a batch in chunks (same output), or a smaller draft; 0 = unlimited."""
+    tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Decoding name -> settings (gamma, draft_width, ...) that replace the decoding file's on
+    this machine; written by specbeam.apps.calibrate. Command-line values such as
+    decoding.gamma=… still win."""
+
+    def apply(self) -> None:
+        if self.device != "cpu":
+            raise ValueError(f"hardware.device={self.device} is not supported yet: allowed: cpu")
+        if self.threads < 1:
+            raise ValueError(f"hardware.threads={self.threads} is invalid: must be ≥ 1")
+        for name in ("draft_dtype", "target_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(
+                    f"hardware.{name}={getattr(self, name)} is invalid: allowed: {', '.join(_DTYPES)}"
+                )
+        if self.batch_tokens < 1:
+            raise ValueError(f"hardware.batch_tokens={self.batch_tokens} is invalid: must be ≥ 1")
+        if self.memory_budget_mb < 0:
+            raise ValueError(
+                f"hardware.memory_budget_mb={self.memory_budget_mb} is invalid: must be ≥ 0 "
+                "(0 = unlimited)"
+            )
+        torch.set_num_threads(self.threads)
+
+    @property
+    def draft_torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.draft_dtype]
+
+    @property
+    def target_torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.target_dtype]
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        return int(self.memory_budget_mb * MB) or None
+
+    def tune(self, decoding: DecodingConfig, keep: Collection[str] = ()) -> DecodingConfig:
+        """`decoding` with this machine's calibrated settings for its name, if any, but
+        for the settings in `keep` (those the user gave explicitly) and those a method
+        string names (`spec_beam:draft_width=20` keeps width 20, takes the tuned γ)."""
+        name, named = decoding.method_settings()
+        keep = {*keep, *named}
+        settings = self.tuned.get(name, {})
+        unknown = set(settings) - {f.name for f in dataclasses.fields(decoding)}
+        if unknown:
+            raise ValueError(
+                f"hardware.tuned.{name} has unknown settings: {', '.join(sorted(unknown))}"
+            )
+        return dataclasses.replace(decoding, **{k: v for k, v in settings.items() if k not in keep})

@@ -1,0 +1,73 @@
+"""Text in, text out: batches sentences by length for any fairseq2 Seq2SeqGenerator."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import torch
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
+
+from specbeam.apps.data import pad, token_batches
+
+
+def target_prompt(tokenizer: Tokenizer, tgt_lang: str) -> torch.Tensor:
+    """NLLB's target prefix `[</s>, __lang__]`: the target encoder's output minus its EOS."""
+    return tokenizer.create_encoder(lang=tgt_lang, mode="target")("")[:-1]
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """Lone surrogates have no UTF-8 form and crash SentencePiece: each becomes U+FFFD, as
+    input_errors=replace does for invalid bytes in a file. The apps decode their input
+    bytes themselves, so only Python callers can pass them (e.g. text decoded with
+    `surrogateescape`)."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def encode_sources(
+    tokenizer: Tokenizer, sources: Sequence[str], src_lang: str
+) -> list[torch.Tensor]:
+    encode = tokenizer.create_encoder(lang=src_lang, mode="source")
+    return [encode(encodable(s)) for s in sources]
+
+
+def translate_texts(
+    generator: Seq2SeqGenerator,
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    max_tokens: int = 2048,
+    on_batch: Callable[[list[int], SequenceGeneratorOutput], None] | None = None,
+    on_truncate: Callable[[list[int]], None] | None = None,
+) -> list[str]:
+    """Translates in length-sorted batches and returns the outputs in input order.
+
+    A source longer than the model accepts is cut to its first tokens (its end-of-sentence
+    kept) and translated; `on_truncate` gets the indices of such sources.
+    """
+    decode = tokenizer.create_decoder(skip_special_tokens=True)
+    pad_idx = tokenizer.vocab_info.pad_idx or 0
+    prompt = target_prompt(tokenizer, tgt_lang)
+    limit = generator.model.max_source_seq_len
+    tokens = encode_sources(tokenizer, sources, src_lang)
+    long = [i for i, t in enumerate(tokens) if len(t) > limit]
+    for i in long:
+        tokens[i] = torch.cat([tokens[i][: limit - 1], tokens[i][-1:]])
+    if long and on_truncate is not None:
+        on_truncate(long)
+    outputs = [""] * len(sources)
+    for batch in token_batches([len(t) for t in tokens], max_tokens):
+        src, src_layout = pad([tokens[i] for i in batch], pad_idx)
+        prompts, prompt_layout = pad([prompt] * len(batch), pad_idx)
+        out = generator(src, src_layout, prompts, prompt_layout)
+        for i, hyps in zip(batch, out.hypotheses, strict=True):
+            outputs[i] = decode(hyps[0].seq)
+        if on_batch is not None:
+            on_batch(batch, out)
+    return outputs

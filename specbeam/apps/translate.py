@@ -1,0 +1,193 @@
+"""Translates a file (or stdin), one output line per input line, in order.
+
+python -m specbeam.translate input=src.es output=out.en
+echo "En el principio crió Dios los cielos y la tierra." | python -m specbeam.translate
+python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam search
+python -m specbeam.translate compare=beam ...        # and print the speedup over it
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+
+import hydra
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
+from hydra.core.config_store import ConfigStore
+from tqdm import tqdm
+
+from specbeam.apps.app import PipelineConfig, check_group_choices, run_app, shard_range
+from specbeam.apps.compare import MethodRun, run_side_by_side
+from specbeam.apps.decoding import load_decoding, make_generator
+from specbeam.apps.inference import translate_texts
+from specbeam.apps.paths import REPO_ROOT
+from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines
+from specbeam.search.generator import SpeculativeGeneratorOutput
+
+log = logging.getLogger("specbeam.translate")
+
+
+@dataclass(kw_only=True)
+class TranslateConfig(PipelineConfig):
+    input: str = "-"
+    output: str = "-"
+    stats_file: str | None = None
+    """Optional JSONL with one record of statistics per input line."""
+    chunk_lines: int = 256
+    """Lines translated, then written and flushed, at a time (the resume granularity)."""
+    shard: str = "0/1"
+    """i/n: translate only the i-th of n contiguous blocks of the input
+    (scripts/merge_shards.py joins the outputs)."""
+    input_errors: str = "strict"
+    """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
+    compare: str | None = None
+    """A decoding (e.g. beam) to time against this one afterwards on the same lines, one
+    sentence at a time, interleaved: prints the speedup and how many outputs are identical."""
+
+
+ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
+
+_SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperature")
+"""Decoding settings that define the task rather than the search: compare= keeps them."""
+
+
+def translate(cfg: TranslateConfig) -> None:
+    tokenizer, generator = cfg.build()
+    every_line = read_lines(cfg.input, cfg.input_errors)
+    first, end = shard_range(cfg.shard, len(every_line))
+    lines = every_line[first:end]
+    job = job_fingerprint(cfg.input, (cfg.task, cfg.model, cfg.decoding, cfg.shard))
+    out = ResumableOutput(cfg.output, job)
+    stats = ResumableOutput(cfg.stats_file, job) if cfg.stats_file else None
+    if stats is not None:
+        stats.truncate_to(out.done)
+    if out.done:
+        print(f"resuming {cfg.output} after line {out.done}", file=sys.stderr)
+    bar = tqdm(
+        total=len(lines), initial=out.done, unit="line", file=sys.stderr, disable=cfg.output == "-"
+    )
+    try:
+        for begin in range(out.done, len(lines), cfg.chunk_lines):
+            texts, records = translate_chunk(cfg, tokenizer, generator, lines, begin, first)
+            if stats is not None:
+                stats.write([json.dumps(r) for r in records])
+            out.write(texts)
+            bar.update(len(texts))
+    except KeyboardInterrupt:
+        where = "stdout" if cfg.output == "-" else f"{out.partial}"
+        raise SystemExit(
+            f"interrupted: {out.done} of {len(lines)} lines are in {where}; "
+            "run the same command again to continue"
+        ) from None
+    finally:
+        bar.close()
+        out.close()
+        if stats is not None:
+            stats.close()
+    out.finish()
+    if stats is not None:
+        stats.finish()
+    if cfg.compare:
+        print(
+            compare_line(cfg, tokenizer, generator, [t for t in lines if t.strip()]),
+            file=sys.stderr,
+        )
+
+
+def compare_line(
+    cfg: TranslateConfig, tokenizer: Tokenizer, generator: Seq2SeqGenerator, texts: list[str]
+) -> str:
+    """Decodes `texts` with both decodings, batch by batch in turn (same models, inputs
+    and threads), and says how they compare. The baseline keeps this run's length and
+    scoring settings; its search (and beam size) is its own, e.g. `beam:beam_size=4`."""
+    shared = {f: getattr(cfg.decoding, f) for f in _SHARED}
+    baseline = dataclasses.replace(load_decoding(cfg.compare), **shared)  # type: ignore[arg-type]
+    if baseline.speculative:
+        raise ValueError(f"compare={cfg.compare} is speculative: compare with a plain decoding")
+    runs = [
+        MethodRun(
+            cfg.compare, make_generator(baseline, generator.model, None, tokenizer.vocab_info)
+        ),  # type: ignore[arg-type]
+        MethodRun(cfg.decoding.name, generator),
+    ]
+    run_side_by_side(runs, tokenizer, texts, cfg.task.src_lang, cfg.task.tgt_lang, batch_size=1)
+    base, ours = runs
+    same = sum(a == b for a, b in zip(base.outputs, ours.outputs, strict=True))
+    line = (
+        f"{ours.name}: {base.total_seconds / ours.total_seconds:.2f}× the speed of "
+        f"{base.name} ({ours.total_seconds:.2f} s vs {base.total_seconds:.2f} s for "
+        f"{len(texts)} sentences, one at a time); identical outputs: {same}/{len(texts)}"
+    )
+    if ours.stats.target_passes:
+        line += f"; τ {ours.stats.tau:.2f} steps per target pass"
+    return line
+
+
+def translate_chunk(
+    cfg: TranslateConfig,
+    tokenizer: Tokenizer,
+    generator: Seq2SeqGenerator,
+    lines: list[str],
+    begin: int,
+    line_offset: int,
+) -> tuple[list[str], list[dict]]:
+    """Translates lines [begin, begin + chunk_lines): output lines and per-line records
+    (numbered in the whole input: this shard starts after `line_offset` lines)."""
+    chunk = lines[begin : begin + cfg.chunk_lines]
+    todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
+    records = [{"line": line_offset + begin + i + 1, "blank": True} for i in range(len(chunk))]
+    last = time.perf_counter()
+
+    def on_batch(batch: list[int], result: SequenceGeneratorOutput) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        for row, i in enumerate(batch):
+            record = {
+                "line": line_offset + begin + todo[i] + 1,
+                "batch_size": len(batch),
+                "batch_seconds": now - last,
+            }
+            if isinstance(result, SpeculativeGeneratorOutput):
+                if result.stats.plain_sources:  # a batch above decoding.max_speculative_batch
+                    record["plain"] = True
+                else:
+                    passes = result.stats.passes_per_source[row]
+                    steps = result.stats.steps_per_source[row]
+                    record.update(target_passes=passes, steps=steps, tau=steps / max(passes, 1))
+            records[todo[i]] = record
+        last = now
+
+    def on_truncate(indices: list[int]) -> None:
+        numbers = ", ".join(str(line_offset + begin + todo[i] + 1) for i in indices)
+        limit = generator.model.max_source_seq_len
+        log.warning(
+            "lines %s exceed the model's %d source tokens; translated their first %d",
+            numbers,
+            limit,
+            limit,
+        )
+
+    translations = translate_texts(
+        generator, tokenizer, [chunk[i] for i in todo], cfg.task.src_lang, cfg.task.tgt_lang,
+        max_tokens=cfg.hardware.batch_tokens, on_batch=on_batch, on_truncate=on_truncate,
+    )  # fmt: skip
+    texts = [""] * len(chunk)
+    for i, text in zip(todo, translations, strict=True):
+        texts[i] = text
+    return texts, records
+
+
+@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="translate")
+def main(cfg: TranslateConfig) -> None:
+    run_app(translate, cfg)
+
+
+def cli() -> None:
+    """The command line: Hydra group choices are checked before Hydra sees them."""
+    check_group_choices(sys.argv[1:])
+    main()

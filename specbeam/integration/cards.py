@@ -1,0 +1,107 @@
+"""fairseq2 asset cards for specbeam checkpoints, so fairseq2's hubs load them by name.
+
+    python -m specbeam.cards OUT.yaml NAME=CHECKPOINT [NAME=CHECKPOINT ...] \\
+        [--tokenizer SPM_MODEL --langs spa_Latn,eng_Latn --default-lang eng_Latn]
+
+Paths in the cards are relative to the card file, so a card directory moves with its
+checkpoints. A draft trained over its target's encoder (`shallow_over`) has no encoder
+of its own, so no fairseq2 family can build it alone: its card's family is
+`specbeam_shallow_draft`, and specbeam's extension builds it over the recipe's model when
+a generator names it as `draft_model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Final
+
+import fairseq2.models
+import torch
+import yaml
+from fairseq2.assets import AssetCard
+from fairseq2.assets.store import get_asset_store
+from fairseq2.models.transformer import TransformerModel
+
+from specbeam.integration.models import ModelArch, load_model
+
+SHALLOW_DRAFT_FAMILY: Final = "specbeam_shallow_draft"
+
+
+def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]:
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    arch = ModelArch(**ckpt["arch"])
+    shallow = ckpt.get("shares_encoder", False)
+    return {
+        "name": name,
+        "model_family": SHALLOW_DRAFT_FAMILY if shallow else "nllb",
+        "model_config": _plain(asdict(arch if shallow else arch.to_nllb_config())),
+        "checkpoint": os.path.relpath(checkpoint.resolve(), card_dir.resolve()),
+    }
+
+
+def shallow_draft_path(card: AssetCard) -> Path | None:
+    """The checkpoint of a `specbeam_shallow_draft` card; None for any other card."""
+    if card.field("model_family").as_(str) != SHALLOW_DRAFT_FAMILY:
+        return None
+    return card.field("checkpoint").as_uri().to_path()
+
+
+def load_draft(name: str, target: TransformerModel) -> TransformerModel:
+    """A draft by asset card name, in its target's data type: fairseq2's hub loads a
+    model of a fairseq2 family; a shallow draft is completed with `target`'s encoder."""
+    dtype = next(target.parameters()).dtype
+    path = shallow_draft_path(get_asset_store().retrieve_card(name))
+    if path is not None:
+        return load_model(path, dtype, target=target)
+    draft = fairseq2.models.load_model(name, dtype=dtype)
+    if not isinstance(draft, TransformerModel):
+        raise TypeError(f"draft {name} is a {type(draft).__name__}, not a TransformerModel")
+    return draft.eval()
+
+
+def tokenizer_fields(spm: Path, card_dir: Path, langs: list[str], default_lang: str) -> dict:
+    """An NLLB-family SentencePiece tokenizer, to add to a model's card."""
+    return {
+        "tokenizer": os.path.relpath(spm.resolve(), card_dir.resolve()),
+        "tokenizer_family": "nllb",
+        "tokenizer_config_overrides": {"langs": list(langs), "default_lang": default_lang},
+    }
+
+
+def write_cards(path: Path, cards: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "# Written by `python -m specbeam.cards`; paths are relative to this file.\n"
+    path.write_text(header + yaml.safe_dump_all(cards, sort_keys=False), encoding="utf-8")
+
+
+def _plain(value: object) -> object:
+    """YAML-safe: tuples become lists, nested dataclass dicts stay dicts."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the card file to write (.yaml)")
+    parser.add_argument("models", nargs="+", help="NAME=CHECKPOINT")
+    parser.add_argument("--tokenizer", type=Path, help="SentencePiece model for every card")
+    parser.add_argument("--langs", default="spa_Latn,eng_Latn")
+    parser.add_argument("--default-lang", default="eng_Latn")
+    args = parser.parse_args()
+    card_dir = args.out.parent
+    cards = []
+    for item in args.models:
+        name, _, checkpoint = item.partition("=")
+        card = model_card(name, Path(checkpoint), card_dir)
+        if args.tokenizer:
+            langs = args.langs.split(",")
+            card.update(tokenizer_fields(args.tokenizer, card_dir, langs, args.default_lang))
+        cards.append(card)
+    write_cards(args.out, cards)
+    print(f"wrote {len(cards)} cards to {args.out}")

@@ -1,0 +1,287 @@
+"""Drafting: the draft model proposes a tree of continuations below the live hypotheses.
+
+Strategies (the choice of children per depth; nothing else differs):
+- "beam": the draft runs its own beam search of width w from the n live hypotheses,
+  scored from their target scores; the union of its trajectories is the tree. It covers
+  every step of the target's beam search where the two models agree.
+- "linear": every live hypothesis extends its own greedy path (w = n); the right tree
+  for greedy search, weak for beams (few steps keep each hypothesis on its greedy path).
+- "topm": every node branches into the draft's m best tokens for the first levels, and
+  only where the draft is unsure (its best token's probability below a threshold); the
+  w best of those by cumulative score stay. Branching where the draft is sure wastes
+  verified slots on children the target's beam will not take.
+Any strategy may prune nodes that score far below the k-th best of their level: the
+target's beam keeps k per step, so such nodes are unlikely to be on its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Literal, final
+
+import torch
+from torch import Tensor
+
+from specbeam.search.rules import ScoringRules
+from specbeam.search.tree import DraftTree
+from specbeam.search.tree_attention import SlotTable, TreeDecoder
+
+DraftStrategy = Literal["beam", "linear", "topm"]
+ChooseChildren = Callable[[Tensor, int, int], tuple[Tensor, Tensor, Tensor]]
+"""(cand (S, m, V) cumulative scores, width, level) -> score, parent, token; (S, width)."""
+DRAFT_STRATEGIES: tuple[str, ...] = ("beam", "linear", "topm")
+DRAFT_KEYWORDS: tuple[str, ...] = (
+    "gamma", "draft_strategy", "draft_width", "max_draft_nodes", "draft_branch",
+    "draft_branch_depth", "draft_branch_below", "draft_prune_margin", "gamma_bounds",
+)  # fmt: skip
+"""The generator's keywords for the tree; configs name their settings the same."""
+
+
+def draft_keywords(settings: object) -> dict[str, Any]:
+    """A config's draft settings as generator keywords."""
+    return {name: getattr(settings, name) for name in DRAFT_KEYWORDS}
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """How the tree is drawn; exactness does not depend on it, only τ and cost."""
+
+    strategy: DraftStrategy = "beam"
+    depth: int = 4
+    width: int = 5
+    """beam, topm: nodes kept per level (linear: one per live hypothesis)."""
+    branch: int = 2
+    """topm: children per branching node."""
+    branch_depth: int = 1
+    """topm: levels that may branch; deeper levels continue greedily."""
+    branch_below: float = 1.0
+    """topm: branch only below nodes whose best draft token has probability < this."""
+    prune_margin: float | None = None
+    """Drop nodes whose cumulative draft score is more than this below the k-th best
+    of their level."""
+    max_nodes: int | None = None
+    """Keep each source's most likely nodes (by draft score)."""
+    beam_size: int = 5
+    depth_bounds: tuple[int, int] | None = None
+    """Adapt each source's depth within these bounds (from `depth`) to the steps it
+    advanced per pass; None: always `depth`."""
+
+    @staticmethod
+    def of(
+        *,
+        beam_size: int,
+        gamma: int,
+        draft_strategy: str = "beam",
+        draft_width: int | None = None,
+        max_draft_nodes: int | None = None,
+        draft_branch: int = 2,
+        draft_branch_depth: int = 1,
+        draft_branch_below: float = 1.0,
+        draft_prune_margin: float | None = None,
+        gamma_bounds: Sequence[int] | None = None,
+    ) -> DraftShape:
+        """From the generator's keywords; `draft_width` defaults to the beam size (topm:
+        times `draft_branch`)."""
+        if draft_width is None:
+            draft_width = beam_size * (draft_branch if draft_strategy == "topm" else 1)
+        return DraftShape(
+            strategy=draft_strategy,  # type: ignore[arg-type]  # checked by problems()
+            depth=gamma,
+            width=draft_width,
+            branch=draft_branch,
+            branch_depth=draft_branch_depth,
+            branch_below=draft_branch_below,
+            prune_margin=draft_prune_margin,
+            max_nodes=max_draft_nodes,
+            beam_size=beam_size,
+            depth_bounds=None if gamma_bounds is None else (gamma_bounds[0], gamma_bounds[-1]),
+        )
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth if self.depth_bounds is None else self.depth_bounds[1]
+
+    def shrunk(self, max_depth: int, width: int) -> DraftShape:
+        """At most `max_depth` levels (adaptive bounds included) and `width` nodes each."""
+        bounds = self.depth_bounds
+        if bounds is not None:
+            bounds = (min(bounds[0], max_depth), min(bounds[1], max_depth))
+        return replace(self, depth=min(self.depth, max_depth), width=width, depth_bounds=bounds)
+
+    def problems(self) -> list[tuple[str, object, str]]:
+        """(keyword, value, what is allowed) of every setting out of range."""
+        checks = [
+            ("draft_strategy", self.strategy, self.strategy in DRAFT_STRATEGIES, f"one of {DRAFT_STRATEGIES}"),
+            ("gamma", self.depth, self.depth >= 1, "≥ 1"),
+            ("draft_width", self.width, self.width >= (self.beam_size if self.strategy == "beam" else 1), f"≥ beam_size ({self.beam_size})"),
+            ("draft_branch", self.branch, self.branch >= 1, "≥ 1"),
+            ("draft_branch_depth", self.branch_depth, self.branch_depth >= 0, "≥ 0"),
+            ("draft_branch_below", self.branch_below, 0.0 < self.branch_below <= 1.0, "in (0, 1]"),
+            ("draft_prune_margin", self.prune_margin, self.prune_margin is None or self.prune_margin >= 0, "≥ 0 or None"),
+            ("max_draft_nodes", self.max_nodes, self.max_nodes is None or self.max_nodes >= max(self.depth, 1), f"≥ gamma ({self.depth}) or None: a smaller budget cannot hold one drafted path"),
+            ("gamma_bounds", self.depth_bounds, self.depth_bounds is None or 1 <= self.depth_bounds[0] <= self.depth <= self.depth_bounds[1], f"[lo, hi] with 1 ≤ lo ≤ gamma ({self.depth}) ≤ hi, or None"),
+        ]  # fmt: skip
+        return [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
+
+    def validate(self) -> None:
+        """Raises a ValueError naming the generator keyword that is out of range."""
+        for name, value, allowed in self.problems():
+            raise ValueError(f"`{name}` must be {allowed}, but is {value!r}.")
+
+
+@final
+class Drafter:
+    """Owns the draft model's decoder state: its cache and each hypothesis' pending tokens
+    (accepted tokens the draft has not decoded yet, ending with the root)."""
+
+    def __init__(
+        self,
+        decoder: TreeDecoder,
+        rules: ScoringRules,
+        prompt: Tensor,
+        shape: DraftShape,
+        choose: ChooseChildren | None = None,
+    ) -> None:
+        """`choose` replaces the shape's choice of children (speculative sampling draws
+        them)."""
+        num_sources = decoder.cache.lens.size(0)
+        k = decoder.cache.k
+        self.decoder = decoder
+        self.rules = rules
+        self.shape = shape
+        self.choose: ChooseChildren = choose or partial(children, shape)
+        # (S, k, c) right-aligned pending chains; all hypotheses of a source share c.
+        self.pending = prompt.expand(num_sources, k, -1).clone()
+        self.pending_len = torch.full((num_sources,), prompt.size(-1), dtype=torch.int64)
+        self.table: SlotTable | None = None
+        self.root_slots: Tensor | None = None
+        self.passes = 0
+        self.depths = torch.full((num_sources,), shape.depth, dtype=torch.int64)
+
+    def width(self, n: int) -> int:
+        return n if self.shape.strategy == "linear" else self.shape.width
+
+    def propose(self, scores: Tensor, n: int) -> DraftTree:
+        """scores: (S, n) target scores of the live hypotheses."""
+        dec, depth = self.decoder, int(self.depths.max())
+        num_sources, c = scores.size(0), self.pending.size(-1)
+        width = self.width(n)
+        table = SlotTable(num_sources, n * c + (depth - 1) * width, scores.device)
+        roots = table.add_chains(self.pending[:, :n], self.pending_len, dec.cache.lens)
+        hidden = dec.forward(*table.query(0, table.size))
+        logits = dec.logits(hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1))))
+        tokens, parents, valid, node_scores = [], [], [], []
+        parent_slots, cum = roots, scores
+        for d in range(depth):
+            lprobs = self.rules.log_probs(logits)
+            lprobs[..., self.rules.eos_idx] = -torch.inf  # a finished hypothesis needs no draft
+            if self.rules.pad_idx is not None:
+                lprobs[..., self.rules.pad_idx] = -torch.inf
+            score, parent, token = self.choose(cum[..., None] + lprobs, width, d)
+            if self.shape.prune_margin is not None:
+                kth = score.topk(min(self.shape.beam_size, score.size(1)), dim=1).values[:, -1:]
+                score = score.masked_fill(score < kth - self.shape.prune_margin, -torch.inf)
+            tokens.append(token)
+            parents.append(parent)
+            node_scores.append(score)
+            valid.append(score > -torch.inf)
+            if d + 1 < depth:
+                begin = table.size
+                parent_slots = table.add_nodes(token, parent_slots.gather(1, parent), valid[-1])
+                logits = dec.logits(dec.forward(*table.query(begin, table.size)))
+                cum = score
+        self.table, self.root_slots = table, roots
+        self.passes += depth
+        valid_levels = (
+            torch.stack(valid, 1) & (torch.arange(depth) < self.depths[:, None])[..., None]
+        )
+        tree = DraftTree(
+            *(torch.stack(x, 1) for x in (tokens, parents)),
+            valid_levels,
+            torch.stack(node_scores, 1),
+        )
+        return tree if self.shape.max_nodes is None else tree.limit(self.shape.max_nodes)
+
+    def commit(self, origin: Tensor, node: Tensor, roots: Tensor, tree: DraftTree) -> None:
+        """origin, node, roots: (S, k), see `Acceptance`. The draft has decoded every
+        tree level but the deepest; a path ending there leaves that node pending."""
+        assert self.table is not None and self.root_slots is not None
+        table, width, chain = (
+            self.table,
+            tree.width,
+            self.root_slots.size(1) * self.pending.size(-1),
+        )
+        deepest = node >= (tree.depth - 1) * width
+        last = torch.where(deepest, _parent_id(tree, node), node)
+        slot = torch.where(
+            last < 0,
+            self.root_slots.gather(1, origin),
+            chain + last,
+        )
+        rows = torch.arange(slot.size(0))[:, None]
+        self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])
+        pending_node = tree.tokens.flatten(1).gather(1, node.clamp(min=0))
+        self.pending = torch.stack([pending_node, roots], dim=-1)
+        self.pending_len = 1 + deepest[:, 0].long()
+        self.table = self.root_slots = None
+
+    def adapt(self, steps: Tensor) -> None:
+        """steps: (S,) beam-search steps each source advanced in the last pass. A source
+        that took every level drafts one deeper; else halfway down to the steps it took."""
+        if self.shape.depth_bounds is None:
+            return
+        lo, hi = self.shape.depth_bounds
+        want = torch.where(steps > self.depths, self.depths + 1, (self.depths + steps) // 2)
+        self.depths = want.clamp(lo, hi)
+
+    def select_sources(self, keep: Tensor) -> None:
+        self.decoder.select_sources(keep)
+        self.depths = self.depths.index_select(0, keep)
+        self.pending = self.pending.index_select(0, keep)
+        self.pending_len = self.pending_len.index_select(0, keep)
+
+
+def children(shape: DraftShape, cand: Tensor, width: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The nodes of level d: cand (S, m, V) cumulative scores of the m parents' children ->
+    score, parent index, token; each (S, width)."""
+    num_sources, m, vocab = cand.shape
+    strategy = shape.strategy
+    if strategy == "linear" or (strategy == "topm" and d >= shape.branch_depth):
+        score, token = cand.max(-1)
+        return _best(score, torch.arange(m).expand(num_sources, m), token, width)
+    if strategy == "beam":
+        score, index = cand.flatten(1).topk(min(width, m * vocab))
+        return score, index // vocab, index % vocab
+    branch = min(shape.branch, vocab)
+    score, token = cand.topk(branch, dim=-1)  # (S, m, branch)
+    if shape.branch_below < 1.0:
+        # The parent's score cancels: this is the draft's probability of its best token.
+        sure = (score[..., 0] - cand.logsumexp(-1)).exp() >= shape.branch_below
+        score[..., 1:] = score[..., 1:].masked_fill(sure[..., None], -torch.inf)
+    parent = torch.arange(m)[:, None].expand(num_sources, m, branch)
+    return _best(score.flatten(1), parent.flatten(1), token.flatten(1), width)
+
+
+def _best(
+    score: Tensor, parent: Tensor, token: Tensor, width: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The `width` best of (S, c) candidates, padded with invalid ones to exactly `width`."""
+    if score.size(1) > width:
+        score, keep = score.topk(width, dim=1)
+        return score, parent.gather(1, keep), token.gather(1, keep)
+    pad = width - score.size(1)
+    if pad == 0:
+        return score, parent, token
+    fill = score.new_full((score.size(0), pad), -torch.inf)
+    zeros = parent.new_zeros((score.size(0), pad))
+    return torch.cat([score, fill], 1), torch.cat([parent, zeros], 1), torch.cat([token, zeros], 1)
+
+
+def _parent_id(tree: DraftTree, node: Tensor) -> Tensor:
+    """Id of a node's parent node, -1 where the parent is a live hypothesis."""
+    width = tree.width
+    depth = node.clamp(min=0) // width
+    parent_b = tree.parents.flatten(1).gather(1, node.clamp(min=0))
+    return torch.where(depth > 0, (depth - 1) * width + parent_b, -1)

@@ -1,0 +1,282 @@
+"""Runs a fairseq2 encoder-decoder over trees of new tokens, one source per batch row.
+
+Nothing in fairseq2 is patched: the decoder's self-attention layers get a `TorchSDPA`
+whose `AttentionBias` returns our tree mask, their incremental states are our
+speculative cache views, and decoder inputs are embedded with explicit positions
+(fairseq2's position encoder assumes `step_nr + arange`, wrong for tree depth and for
+rows of different lengths).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import final
+
+import torch
+from fairseq2.error import NotSupportedError
+from fairseq2.models.transformer import (
+    AttentionBias,
+    TorchSDPA,
+    TransformerEmbeddingFrontend,
+    TransformerModel,
+)
+from fairseq2.nn import BatchLayout, IncrementalStateBag, SinusoidalPositionEncoder
+from torch import Tensor
+from typing_extensions import override
+
+from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
+from specbeam.search.lean_decoder import LeanDecoder, lean_problem, padding_bias
+from specbeam.search.peak_cache import observe
+
+log = logging.getLogger(__name__)
+
+
+@final
+class TreeBias(AttentionBias):
+    """Hands the current call's additive mask (S, 1, T, keys) to SDPA."""
+
+    def __init__(self) -> None:
+        self.tensor: Tensor | None = None
+
+    @override
+    def create_bias_tensor(self, q_len: int, k_len: int, device, dtype) -> Tensor:  # noqa: ANN001
+        if self.tensor is None or self.tensor.shape[-2:] != (q_len, k_len):
+            raise RuntimeError("tree bias was not prepared for this decoder call")
+        return self.tensor.to(dtype)
+
+
+@final
+class SlotTable:
+    """The speculative slots of one model in one round, and who may attend to whom.
+
+    A slot is one new token of one source: a link of a hypothesis' pending chain (its
+    last token, the root, is the chain's end) or a drafted tree node. `visible[s, a, b]`
+    says slot b is an ancestor-or-self of slot a; slots are added in dependency order.
+    """
+
+    def __init__(self, num_sources: int, max_slots: int, device: torch.device) -> None:
+        shape = (num_sources, max_slots)
+        self.tokens = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.hyp = torch.zeros(shape, dtype=torch.int64, device=device)  # prefix it extends
+        self.valid = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.visible = torch.zeros(
+            (num_sources, max_slots, max_slots), dtype=torch.bool, device=device
+        )
+        self.size = 0
+
+    def add_chains(self, tokens: Tensor, lengths: Tensor, start_positions: Tensor) -> Tensor:
+        """Adds each hypothesis' pending tokens as a chain, right-aligned so that every
+        root lands in the chain's last slot.
+
+        tokens: (S, n, c) right-aligned; lengths: (S,) valid links per chain (the same
+        for every hypothesis of a source); start_positions: (S,) position of the first
+        valid link. Returns the root slots, (S, n).
+        """
+        num_sources, n, c = tokens.shape
+        device = tokens.device
+        begin = self.size
+        link = torch.arange(c, device=device)
+        valid = link[None, :] >= (c - lengths)[:, None]  # (S, c)
+        slots = slice(begin, begin + n * c)
+        self.tokens[:, slots] = tokens.flatten(1)
+        self.positions[:, slots] = (
+            start_positions[:, None] + link - (c - lengths)[:, None]
+        ).repeat(1, n)
+        self.hyp[:, slots] = torch.arange(n, device=device).repeat_interleave(c)
+        self.valid[:, slots] = valid.repeat(1, n)
+        # A link sees the valid links of its own chain up to itself.
+        chain = (link[:, None] >= link[None, :]) & valid[:, None, :]  # (S, c, c)
+        block = torch.block_diag(*[torch.ones(c, c, dtype=torch.bool, device=device)] * n)
+        eye = torch.eye(n * c, dtype=torch.bool, device=device)  # padding sees itself: no NaN
+        self.visible[:, slots, slots] = (block & chain.repeat(1, n, n)) | eye
+        self.size += n * c
+        return begin + torch.arange(n, device=device).mul(c).add(c - 1).expand(num_sources, n)
+
+    def add_nodes(self, tokens: Tensor, parents: Tensor, valid: Tensor) -> Tensor:
+        """Adds one block of children; parents are slot indices. Returns their slots."""
+        num_sources, w = tokens.shape
+        begin, rows = self.size, torch.arange(num_sources, device=tokens.device)[:, None]
+        slots = torch.arange(begin, begin + w, device=tokens.device)
+        self.tokens[:, slots] = tokens
+        self.positions[:, slots] = self.positions[rows, parents] + 1
+        self.hyp[:, slots] = self.hyp[rows, parents]
+        self.valid[:, slots] = valid & self.valid[rows, parents]
+        self.visible[:, slots] = self.visible[rows, parents]
+        self.visible[:, slots, slots] = True
+        self.size += w
+        return slots.expand(num_sources, w)
+
+    def query(self, begin: int, end: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Tokens, positions, hypotheses and visibility (over slots < end) of slots [begin, end)."""
+        s = slice(begin, end)
+        return self.tokens[:, s], self.positions[:, s], self.hyp[:, s], self.visible[:, s, :end]
+
+
+@final
+class TreeDecoder:
+    """One model's decoder with a speculative cache, over S sources with k hypotheses each."""
+
+    @staticmethod
+    def pair(
+        target: TransformerModel,
+        draft: TransformerModel,
+        source_seqs: Tensor,
+        source_layout: BatchLayout,
+        *,
+        hyps_per_source: int,
+        capacity: int,
+        capacity_increment: int | None = None,
+        lean_draft: bool = False,
+    ) -> tuple[TreeDecoder, TreeDecoder]:
+        """The target's and the draft's decoders; a draft over the target's encoder
+        reads the target's encoder output, so each source is encoded once. With
+        `lean_draft`, the draft runs as plain tensor ops where it can (lean_decoder.py)."""
+        first = TreeDecoder(
+            target, source_seqs, source_layout, hyps_per_source=hyps_per_source,
+            capacity=capacity, capacity_increment=capacity_increment,
+        )  # fmt: skip
+        shared = draft.encoder is target.encoder
+        second = TreeDecoder(
+            draft, source_seqs, source_layout, hyps_per_source=hyps_per_source, capacity=capacity,
+            capacity_increment=capacity_increment,
+            encoder_output=first.encoder_output if shared else None, lean=lean_draft,
+        )  # fmt: skip
+        return first, second
+
+    def __init__(
+        self,
+        model: TransformerModel,
+        source_seqs: Tensor,
+        source_layout: BatchLayout,
+        *,
+        hyps_per_source: int,
+        capacity: int,
+        capacity_increment: int | None = None,
+        encoder_output: Tensor | None = None,
+        lean: bool = False,
+    ) -> None:
+        """`capacity` positions per hypothesis at most, allocated `capacity_increment` at
+        a time (None: all at once). `encoder_output` skips encoding: a draft that reads
+        its target's encoder output gets it from the target's decoder (`pair`). `lean`
+        runs the decoder as plain tensor ops if its layers allow (else as fairseq2's)."""
+        frontend = model.decoder_frontend
+        if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
+            frontend.pos_encoder, SinusoidalPositionEncoder
+        ):
+            raise NotSupportedError(
+                "specbeam needs a decoder front-end with token embeddings and sinusoidal positions"
+            )
+        self.model = model
+        self.dtype = dtype = next(model.decoder.parameters()).dtype
+        self.bias = TreeBias()
+        self._tree_sdpas = [TorchSDPA(self.bias) for _ in model.decoder.layers]
+        self.num_positions = frontend.pos_encoder.max_seq_len
+        if encoder_output is None:
+            encoded, layout = model.encoder_frontend(source_seqs, source_layout)
+            encoder_output = model.encoder(encoded, layout)
+        self.encoder_output = encoder_output.to(dtype)
+        self.encoder_seq_lens = list(source_layout.seq_lens)
+        layers = list(model.decoder.layers)
+        attn = layers[0].self_attn
+        self.cache = SpeculativeKVCache(
+            len(layers), source_seqs.size(0), capacity, hyps_per_source,
+            attn.num_key_value_heads, attn.head_dim, device=source_seqs.device, dtype=dtype,
+            increment=capacity_increment,
+        )  # fmt: skip
+        self.state_bag = IncrementalStateBag(capacity)
+        own = [self.cache.layer_state(i) for i in range(len(layers))]
+        cross = [self._cross_state(layer) for layer in layers]
+        for layer, own_state, cross_state in zip(layers, own, cross, strict=True):
+            self.state_bag.set_state(layer.self_attn, own_state)
+            self.state_bag.set_state(layer.encoder_decoder_attn, cross_state)
+        self.lean: LeanDecoder | None = None
+        problem = lean_problem(model.decoder) if lean else None
+        if problem is not None:
+            log.info("the draft decoder runs through fairseq2's modules: %s", problem)
+        elif lean:
+            self.lean = LeanDecoder(model.decoder, own, cross)
+        self._source_bias = self._padding_bias()
+
+    def _padding_bias(self) -> Tensor | None:
+        """The lean path's cross-attention mask (fairseq2's path derives its own)."""
+        if self.lean is None:
+            return None
+        enc = self.encoder_output
+        return padding_bias(self.encoder_seq_lens, enc.size(1), self.dtype, enc.device)
+
+    def _cross_state(self, layer: torch.nn.Module) -> CrossAttentionState:
+        attn = layer.encoder_decoder_attn
+        if attn.k_norm is not None or attn.v_norm is not None or attn.pos_encoder is not None:
+            raise NotSupportedError("cross-attention with key norms or positions is not supported")
+        enc = self.encoder_output
+        k = attn.k_proj(enc).unflatten(-1, (-1, attn.head_dim))
+        v = attn.v_proj(enc).unflatten(-1, (-1, attn.head_dim))
+        return CrossAttentionState(k, v)
+
+    @contextmanager
+    def _tree_attention(self) -> Iterator[None]:
+        """Installs the tree mask in the decoder's self-attention for one call, so the
+        model is untouched between calls (and may even serve as its own draft)."""
+        layers = self.model.decoder.layers
+        saved = [layer.self_attn.sdpa for layer in layers]
+        try:
+            for layer, sdpa in zip(layers, self._tree_sdpas, strict=True):
+                layer.self_attn.sdpa = sdpa
+            yield
+        finally:
+            for layer, sdpa in zip(layers, saved, strict=True):
+                layer.self_attn.sdpa = sdpa
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """fairseq2's embedding front-end, with explicit positions."""
+        frontend = self.model.decoder_frontend
+        x = frontend.embed(tokens)
+        if frontend.scale != 1.0:
+            x = x * frontend.scale
+        freqs = frontend.pos_encoder.freqs[1 + positions.clamp(0, self.num_positions - 1)]
+        return (x.float() + freqs).to(self.dtype)
+
+    def forward(self, tokens: Tensor, positions: Tensor, hyp: Tensor, visible: Tensor) -> Tensor:
+        """Decodes T new slots per source; returns their decoder outputs (S, T, M).
+
+        tokens, positions, hyp: (S, T); visible: (S, T, spec_len + T) over the slots
+        already in the cache after the last commit, then these.
+        """
+        cache = self.cache
+        cache.reserve(tokens.size(1))
+        width, k = cache.width, cache.k
+        cached = torch.arange(width, device=tokens.device)[None, :] < cache.lens[:, None]  # (S, W)
+        own = hyp[:, :, None] == torch.arange(k, device=tokens.device)  # (S, T, k)
+        prefix = cached[:, None, :, None] & own[:, :, None, :]  # (S, T, W, k)
+        mask = torch.cat([prefix.flatten(2), visible], dim=2)
+        bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
+        self.bias.tensor = bias.masked_fill_(~mask, -torch.inf)[:, None]
+        x = self.embed(tokens, positions)
+        if self.lean is not None:
+            out = self.lean(x, self.bias.tensor, self._source_bias)
+            observe(self.model.decoder, self.state_bag)
+        else:
+            enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
+            with self._tree_attention():
+                out = self.model.decoder(
+                    x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag
+                )
+        cache.advance(tokens.size(1))
+        self.bias.tensor = None
+        return out
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Projects decoder outputs (..., M) to vocabulary logits (..., V)."""
+        return self.model.final_proj(hidden)
+
+    def select_sources(self, keep: Tensor) -> None:
+        self.cache.select_sources(keep)
+        self.encoder_output = self.encoder_output.index_select(0, keep)
+        self.encoder_seq_lens = [self.encoder_seq_lens[i] for i in keep.tolist()]
+        self._source_bias = self._padding_bias()
+        for layer in self.model.decoder.layers:
+            state = self.state_bag.maybe_get_state(layer.encoder_decoder_attn, CrossAttentionState)
+            state.reorder(keep)

@@ -1,0 +1,59 @@
+"""Verification: one target decoder call over every source's roots and draft tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+import torch
+from torch import Tensor
+
+from specbeam.search.tree import DraftTree
+from specbeam.search.tree_attention import SlotTable, TreeDecoder
+
+
+@dataclass
+class Verification:
+    table: SlotTable
+    chain_slots: Tensor  # (S, n, c) slots of each hypothesis' pending chain, root last
+    node_slots: Tensor  # (S, D, w)
+    logits: Tensor  # (S, T, V), T = n * c + D * w
+
+    @property
+    def root_slots(self) -> Tensor:
+        return self.chain_slots[..., -1]
+
+    def logits_at(self, slots: Tensor) -> Tensor:
+        """Logits (S, m, V) of slots (S, m)."""
+        return self.logits[torch.arange(slots.size(0))[:, None], slots]
+
+    def slot_of(self, origin: Tensor, node: Tensor) -> Tensor:
+        """Slot of tree node `node` (an id; -1: the root of hypothesis `origin`)."""
+        nodes = self.node_slots.flatten(1)
+        own_root = self.root_slots.gather(1, origin)
+        return torch.where(node < 0, own_root, nodes.gather(1, node.clamp(min=0)))
+
+
+@final
+class Verifier:
+    def __init__(self, decoder: TreeDecoder) -> None:
+        self.decoder = decoder
+
+    def verify(self, chains: Tensor, chain_len: Tensor, tree: DraftTree) -> Verification:
+        """chains: (S, n, c) pending tokens per hypothesis (the root last)."""
+        num_sources, n, c = chains.shape
+        table = SlotTable(num_sources, n * c + tree.depth * tree.width, chains.device)
+        roots = table.add_chains(chains, chain_len, self.decoder.cache.lens)
+        chain_slots = roots[..., None] - torch.arange(c - 1, -1, -1)
+        node_slots = tree.add_to(table, roots)
+        hidden = self.decoder.forward(*table.query(0, table.size))
+        # All slots in one projection: at small batches it is bound by reading the
+        # (V, M) weights, so projecting per replay step would read them τ times.
+        logits = self.decoder.logits(hidden)
+        return Verification(table, chain_slots, node_slots, logits)
+
+    def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
+        table = verification.table
+        slot = verification.slot_of(origin, node)
+        rows = torch.arange(slot.size(0))[:, None]
+        self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])

@@ -1,0 +1,55 @@
+"""How often a draft ranks tokens as its target does, under teacher forcing: a bound on
+what speculative decoding can accept, measured without decoding anything.
+
+Exact speculative beam search takes a step only when the target's k best continuations
+were all drafted, so besides top-1 agreement this counts the positions whose target top k
+all lie in the draft's top `width` (the draft tree's width at one level).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from fairseq2.models.transformer import TransformerModel
+
+from specbeam.apps.data import TokenizedPair, teacher_forcing, token_batches
+
+
+@dataclass(frozen=True)
+class Agreement:
+    positions: int
+    top1: float  # the draft's best token is the target's best
+    topk_covered: float  # the target's k best tokens are all among the draft's `width` best
+    k: int
+    width: int
+
+
+@torch.inference_mode()
+def measure_agreement(
+    target: TransformerModel,
+    draft: TransformerModel,
+    pairs: Sequence[TokenizedPair],
+    pad_idx: int,
+    *,
+    k: int = 5,
+    width: int = 10,
+    max_tokens: int = 4096,
+) -> Agreement:
+    """Both models read the same reference prefixes; every non-pad position counts."""
+    positions = top1 = covered = 0
+    lengths = [len(p.source) + len(p.target) for p in pairs]
+    for batch in token_batches(lengths, max_tokens):
+        src, src_layout, tgt_in, in_layout, tgt_out = teacher_forcing(
+            [pairs[i] for i in batch], pad_idx
+        )
+        mask = tgt_out != pad_idx  # (N, T)
+        t_logits = target(src, src_layout, tgt_in, in_layout)[mask].float()  # (P, V)
+        d_logits = draft(src, src_layout, tgt_in, in_layout)[mask].float()
+        t_top = t_logits.topk(k, dim=-1).indices  # (P, k)
+        d_top = d_logits.topk(width, dim=-1).indices  # (P, width)
+        positions += len(t_top)
+        top1 += int((t_top[:, 0] == d_top[:, 0]).sum())
+        covered += int((t_top[:, :, None] == d_top[:, None, :]).any(-1).all(-1).sum())
+    return Agreement(positions, top1 / positions, covered / positions, k, width)

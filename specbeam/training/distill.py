@@ -1,0 +1,96 @@
+"""Sequence-level distillation data: the target's beam-search translations of the
+training sources, written chunk by chunk (resumable, shardable), then merged.
+
+    python -m specbeam.distill model.target=~/.cache/specbeam/target/best.pt shard=0/2
+    python -m specbeam.distill ... shard=1/2          # another process or machine
+    python -m specbeam.distill ... merge_only=true     # -> out_dir/train.tsv
+
+With a draft in `model` and a speculative `decoding`, the output is the same and faster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from tqdm import tqdm
+
+from specbeam.apps.app import PipelineConfig, check_group_choices, parse_shard, run_app
+from specbeam.apps.inference import translate_texts
+from specbeam.apps.paths import REPO_ROOT
+
+log = logging.getLogger("specbeam.distill")
+
+
+@dataclass(kw_only=True)
+class DistillConfig(PipelineConfig):
+    split: str = "train"
+    out_dir: str = "~/.cache/specbeam/distill"
+    chunk_size: int = 256
+    shard: str = "0/1"
+    """i/n: this process translates chunks c with c % n == i."""
+    merge_only: bool = False
+
+
+ConfigStore.instance().store(name="distill_schema", node=DistillConfig)
+
+
+def chunk_path(out: Path, chunk: int) -> Path:
+    return out / "chunks" / f"{chunk:05d}.tsv"
+
+
+def distill(cfg: DistillConfig) -> None:
+    out = Path(cfg.out_dir).expanduser()
+    pairs = cfg.task.split(cfg.split)
+    chunks = [pairs[i : i + cfg.chunk_size] for i in range(0, len(pairs), cfg.chunk_size)]
+    if not cfg.merge_only:
+        translate_chunks(cfg, out, chunks)
+    missing = [c for c in range(len(chunks)) if not chunk_path(out, c).exists()]
+    if missing:
+        log.info("%d of %d chunks still missing; merge later", len(missing), len(chunks))
+        return
+    merged = out / f"{cfg.split}.tsv"
+    tmp = merged.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for c in range(len(chunks)):
+            f.write(chunk_path(out, c).read_text(encoding="utf-8"))
+    os.replace(tmp, merged)
+    log.info("wrote %s (%d pairs)", merged, len(pairs))
+
+
+def translate_chunks(cfg: DistillConfig, out: Path, chunks: list) -> None:
+    shard, num_shards = parse_shard(cfg.shard)
+    todo = [c for c in range(shard, len(chunks), num_shards) if not chunk_path(out, c).exists()]
+    if not todo:
+        return
+    tokenizer, generator = cfg.build()
+    (out / "chunks").mkdir(parents=True, exist_ok=True)
+    for c in tqdm(todo, desc=f"distill shard {cfg.shard}", unit="chunk"):
+        chunk = chunks[c]
+        hyps = translate_texts(
+            generator, tokenizer, [p.source for p in chunk], cfg.task.src_lang, cfg.task.tgt_lang,
+            max_tokens=cfg.hardware.batch_tokens,
+        )  # fmt: skip
+        path = chunk_path(out, c)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            "".join(f"{p.ref}\t{p.source}\t{h}\n" for p, h in zip(chunk, hyps, strict=True)),
+            encoding="utf-8",
+        )
+        os.replace(tmp, path)  # a chunk file is complete or absent
+
+
+@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="distill")
+def main(cfg: DistillConfig) -> None:
+    run_app(distill, cfg)
+
+
+def cli() -> None:
+    """The command line: Hydra group choices are checked before Hydra sees them."""
+    check_group_choices(sys.argv[1:])
+    main()

@@ -1,0 +1,172 @@
+"""Start-up errors: a bad setting ends an app with one line naming the setting and what
+is allowed; a non-speculative decoding runs on a pair that has a draft."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
+from fairseq2.generation.sampling import SamplingSeq2SeqGenerator
+from hydra import compose, initialize_config_dir
+
+import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
+from specbeam.apps.app import check_group_choices, command_line_settings, run_app
+from specbeam.apps.decoding import DecodingConfig, load_decoding
+from specbeam.apps.hardware import HardwareConfig
+from specbeam.apps.inference import translate_texts
+from specbeam.apps.paths import REPO_ROOT
+from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
+
+BASE = ["model=tiny_random", "hardware.threads=1"]
+DECODINGS = ", ".join(sorted(p.stem for p in (REPO_ROOT / "conf" / "decoding").glob("*.yaml")))
+
+
+def build_error(*overrides: str) -> str:
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        cfg = compose("translate", overrides=[*BASE, *overrides])
+    with pytest.raises(SystemExit) as exit_info:
+        run_app(lambda c: c.build(), cfg)
+    message = str(exit_info.value.code)
+    assert "\n" not in message and message.startswith("error: ")
+    return message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["decoding.gamma=0"], "decoding.gamma=0 is invalid: must be ≥ 1"),
+        (["decoding.gamma=-2"], "decoding.gamma=-2 is invalid: must be ≥ 1"),
+        (["decoding=beam", "decoding.beam_size=0"], "decoding.beam_size=0 is invalid: must be ≥ 1"),
+        (
+            ["decoding.beam_size=5", "decoding.draft_width=3"],
+            "decoding.draft_width=3 is invalid: must be ≥ beam_size (5)",
+        ),
+        (
+            ["decoding.draft_strategy=wide"],
+            "decoding.draft_strategy=wide is invalid: must be one of ('beam', 'linear', 'topm')",
+        ),
+        (["decoding.gamma_bounds=[3,2]"], "decoding.gamma_bounds=(3, 2) is invalid"),
+        (
+            ["decoding.gamma=4", "decoding.max_draft_nodes=2"],
+            "decoding.max_draft_nodes=2 is invalid: must be ≥ gamma (4) or None",
+        ),
+        (["decoding=relaxed", "decoding.relax_gap=-1"], "decoding.relax_gap=-1.0 is invalid"),
+        (
+            ["decoding=relaxed", "decoding.max_speculative_batch=4"],
+            "decoding.max_speculative_batch=4 is invalid: applies to exact speculative beam "
+            "search only",
+        ),
+        (["decoding.max_speculative_batch=-1"], "decoding.max_speculative_batch=-1 is invalid"),
+        (
+            ["decoding=spec_sample", "decoding.sampler=greedy"],
+            "decoding.sampler=greedy is invalid: allowed: top_p, top_k",
+        ),
+        (
+            ["decoding=sample", "decoding.temperature=0"],
+            "decoding.temperature=0.0 is invalid: must be > 0",
+        ),
+        (
+            ["hardware.target_dtype=float16"],
+            "hardware.target_dtype=float16 is invalid: allowed: float32, bfloat16",
+        ),
+        (
+            ["hardware.memory_budget_mb=-1"],
+            "hardware.memory_budget_mb=-1.0 is invalid: must be ≥ 0 (0 = unlimited)",
+        ),
+        (
+            ["model.draft=null"],
+            "decoding=spec_beam is speculative but model.draft is null: set model.draft, "
+            "or use a non-speculative decoding (beam, greedy)",
+        ),
+        (
+            ["model.draft=/nonexistent/draft.pt"],
+            "model checkpoint not found: /nonexistent/draft.pt",
+        ),
+    ],
+)
+def test_bad_setting_is_one_line(overrides: list[str], expected: str) -> None:
+    assert expected in build_error(*overrides)
+
+
+def test_non_speculative_decoding_leaves_the_draft_unloaded() -> None:
+    """model.draft names a file that does not exist: beam search never opens it."""
+    draft = ["model.draft=/nonexistent/draft.pt"]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        beam = compose("translate", overrides=[*BASE, *draft, "decoding=beam"])
+        spec = compose("translate", overrides=[*BASE, "decoding=spec_beam"])
+    _, generator = run_app(lambda c: c.build(), beam)
+    assert isinstance(generator, BeamSearchSeq2SeqGenerator)
+    _, generator = run_app(lambda c: c.build(), spec)
+    assert isinstance(generator, SpeculativeBeamSearchSeq2SeqGenerator)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["decoding=nope"], f"error: decoding=nope is unknown; allowed: {DECODINGS}"),
+        (["task=wmt"], "error: task=wmt is unknown; allowed: bible_es_en"),
+        (["hardware=gpu"], "error: hardware=gpu is unknown; allowed: cpu"),
+        (["-m", "decoding=beam,spec_bean"], "error: decoding=spec_bean is unknown; allowed: beam,"),
+        (["model=tiny"], "error: model=tiny is unknown; allowed: bible_es_en, tiny_random"),
+    ],
+)  # fmt: skip
+def test_unknown_config_name_is_one_line(argv: list[str], expected: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        check_group_choices(argv)
+    assert str(exit_info.value.code).startswith(expected)
+
+
+def test_known_names_and_other_overrides_pass() -> None:
+    check_group_choices(
+        ["decoding=beam,spec_beam", "decoding.gamma=3", "hydra/launcher=joblib", "+extra=1",
+         "input=decoding=x", "hardware=cpu", "task=bible_es_en"]
+    )  # fmt: skip
+
+
+def test_unknown_decoding_ends_the_app_with_one_line(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "specbeam.translate", "decoding=nope", "model=tiny_random",
+           f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        f"error: decoding=nope is unknown; allowed: {DECODINGS}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("decoding", "kind"),
+    [("sample", SamplingSeq2SeqGenerator), ("spec_sample", SpeculativeSamplingSeq2SeqGenerator)],
+)
+def test_sampling_decodings_are_reproducible_with_their_seed(decoding: str, kind: type) -> None:
+    """The seed is set when the generator is built, so a rerun draws the same samples."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        cfg = compose(
+            "translate", overrides=[*BASE, f"decoding={decoding}", "decoding.max_gen_len=[0.5,4]"]
+        )
+    runs = []
+    for _ in range(2):
+        tokenizer, generator = run_app(lambda c: c.build(), cfg)
+        assert isinstance(generator, kind)
+        texts = ["Hola mundo.", "Y dijo Dios."]
+        runs.append(translate_texts(generator, tokenizer, texts, "spa_Latn", "eng_Latn"))
+    assert runs[0] == runs[1]
+
+
+def test_command_line_settings_win_over_calibrated_ones() -> None:
+    """hardware.tuned fills in γ for spec_beam, unless decoding.gamma is on the command line."""
+    hw = HardwareConfig(tuned={"spec_beam": {"gamma": 7, "draft_width": 9}})
+    decoding = DecodingConfig(name="spec_beam", gamma=3)
+    assert hw.tune(decoding).gamma == 7
+    kept = hw.tune(decoding, keep={"gamma"})
+    assert (kept.gamma, kept.draft_width) == (3, 9)
+    assert command_line_settings("decoding") == set()  # outside a Hydra app
+
+
+def test_method_strings_are_tuned_but_for_the_settings_they_name() -> None:
+    """evaluate's `spec_beam:draft_width=20` is spec_beam as tuned, with width 20."""
+    hw = HardwareConfig(tuned={"spec_beam": {"gamma": 7, "draft_width": 9}})
+    varied = hw.tune(load_decoding("spec_beam:draft_width=20;draft_prune_margin=1.5"))
+    assert (varied.gamma, varied.draft_width, varied.draft_prune_margin) == (7, 20, 1.5)

@@ -1,0 +1,142 @@
+"""Calibration's cost model, the hardware config it writes, and the benchmark script."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specbeam.apps.calibrate import (
+    CallTimer,
+    CostModel,
+    LinearCost,
+    PassProfile,
+    calibrate,
+    fit_linear,
+    predict_speedup,
+)
+from specbeam.apps.decoding import load_decoding
+from specbeam.apps.evaluate import EvaluateConfig
+from specbeam.apps.hardware import HardwareConfig
+from specbeam.integration.models import ModelPairConfig, build_model
+from tests.conftest import TARGET_ARCH, sources
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_fit_recovers_line_from_noisy_timings() -> None:
+    slots = np.array([1, 5, 10, 25, 50, 100])
+    noise = np.random.default_rng(0).normal(0, 0.05, len(slots))
+    fit = fit_linear(slots.tolist(), (3.0 + 0.2 * slots + noise).tolist())
+    assert fit.a == pytest.approx(3.0, abs=0.1) and fit.b == pytest.approx(0.2, abs=0.005)
+
+
+def test_predicted_speedup_is_steps_saved_over_pass_cost() -> None:
+    cost = CostModel(verify=LinearCost(5.0, 0.1), draft=LinearCost(1.0, 0.1), step_ms=10.0)
+    profile = PassProfile(tau=4.0, slots=20.0, draft_calls=4.0, draft_slots=5.0, accept_ms=1.0)
+    # 4 steps × 10 ms over (5 + 2) + 4 × (1 + 0.5) + 1 ms
+    assert predict_speedup(cost, profile) == pytest.approx(40 / 14)
+
+
+@torch.inference_mode()
+def test_timed_calls_are_rolled_back_to_the_same_prefix() -> None:
+    timer = CallTimer(build_model(TARGET_ARCH).eval(), sources(0, 1)[0], hyps=5, prefix_len=7,
+                      max_slots=25)  # fmt: skip
+    cache = timer.decoder.cache
+    for slots in (25, 1, 10):
+        assert timer(slots) > 0
+        assert cache.lens.tolist() == [7] and cache.spec_len == 0
+
+
+def compose_config(name: str, overrides: list[str]) -> object:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return OmegaConf.to_object(compose(name, overrides=overrides))
+
+
+def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
+    cfg = compose_config("calibrate", [
+        "model=tiny_random", "hardware.threads=1", "name=cal_test", f"hardware_dir={tmp_path}/hardware",
+        "gammas=[2,3]", "draft_widths=[5,6]", "sample=2", "repeats=2", "slot_counts=[1,5,10]",
+    ])  # fmt: skip
+    path = calibrate(cfg)
+    assert path == tmp_path / "hardware" / "cal_test.yaml"
+    printed = capsys.readouterr().out
+    assert "verify (target, fp32)" in printed and "| γ | width | τ |" in printed
+    assert printed.count("| 2 | 5 |") + printed.count("| 3 | 6 |") == 2
+    assert path.read_text().startswith("# Written by `python -m specbeam.calibrate`")
+
+    loaded = compose_config(
+        "evaluate", ["hardware=cal_test", f"hydra.searchpath=[file://{tmp_path}]"]
+    )
+    assert isinstance(loaded, EvaluateConfig)
+    hw = loaded.hardware
+    assert (hw.name, hw.threads, hw.batch_tokens, hw.draft_dtype) == (
+        "cal_test", 1, 1024, "bfloat16",
+    )  # fmt: skip
+    tuned = hw.tune(load_decoding("spec_beam"))
+    assert tuned.gamma in (2, 3) and tuned.draft_width in (5, 6)
+    assert hw.tune(load_decoding("spec_sample")) == load_decoding("spec_sample")  # not tuned
+
+
+def test_calibrates_any_speculative_method(tmp_path) -> None:
+    """`method=` names the decoding to tune (`decoding=` is the apps' config group, and
+    Hydra refuses it here); its tuned settings sit beside those of other methods."""
+    cfg = compose_config("calibrate", [
+        "model=tiny_random", "hardware.threads=1", "name=cal_greedy", "method=spec_greedy",
+        f"hardware_dir={tmp_path}", "gammas=[2,3]", "draft_widths=[1]", "sample=2", "repeats=2",
+        "slot_counts=[1,5]",
+    ])  # fmt: skip
+    text = calibrate(cfg).read_text()
+    assert "# spec_greedy: best γ=" in text
+    tuned = OmegaConf.load(tmp_path / "cal_greedy.yaml").tuned
+    assert {"spec_beam", "relaxed"} <= set(tuned)  # hardware=cpu's own entries are kept
+    assert tuned.spec_greedy.gamma in (2, 3) and tuned.spec_greedy.draft_width == 1
+
+
+def test_tuned_settings_must_be_decoding_settings() -> None:
+    hw = HardwareConfig(tuned={"spec_beam": {"depth": 3}})
+    with pytest.raises(ValueError, match="unknown settings: depth"):
+        hw.tune(load_decoding("spec_beam"))
+
+
+def test_bench_quick_prints_every_goal(tmp_path) -> None:
+    cmd = [sys.executable, "scripts/bench.py", "--quick", "--out", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for row in (
+        "| spec beam 5, batch 1: wall time |",
+        "| spec beam 5, batch 1: identical output |",
+        "| spec beam 5, batch 1: τ at γ=",
+        "| efficiency: measured ÷ predicted speedup |",
+        "| spec beam 5, batches of 16: sentences/s |",
+        "| spec greedy vs greedy, batch 1: wall time |",
+        "| relaxed beam 5, batch 1: wall time |",
+        "| peak KV cache, self + cross attention (target + draft) ÷ beam's |",
+    ):
+        assert row in result.stdout
+    assert re.search(
+        r"\| adaptive γ ∈ \[1, \d+\] vs fixed γ=\d+, batch 1: wall time \|", result.stdout
+    )
+    assert "| spec beam 5, batch 1: identical output | – | 1.000 identical |" in result.stdout
+    for name in ("bench.md", "bench.json", "bench.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_bench_names_missing_checkpoints_in_one_line(monkeypatch) -> None:
+    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    pair = ModelPairConfig(name="future", target="tasks/none/target.pt", draft="random")
+    with pytest.raises(
+        SystemExit, match="checkpoint tasks/none/target.pt does not exist yet.*tiny_random"
+    ):
+        bench.check_checkpoints(pair)

@@ -1,0 +1,71 @@
+"""Line-exact input and resumable output."""
+
+from __future__ import annotations
+
+import pytest
+
+from specbeam.apps.textio import ResumableOutput, read_lines
+
+
+def test_lines_split_on_newline_only(tmp_path) -> None:
+    path = tmp_path / "in.txt"
+    path.write_bytes("a\r\nb\u2028c\x0bd\n\ne\n".encode())
+    assert read_lines(str(path)) == ["a", "b\u2028c\x0bd", "", "e"]
+
+
+def test_invalid_utf8_names_line_and_byte(tmp_path) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"ok\nabc\xffdef\n")
+    with pytest.raises(ValueError, match=r"bad.txt:2: invalid UTF-8 at byte 3 of the line"):
+        read_lines(str(path))
+    assert read_lines(str(path), errors="replace") == ["ok", "abc\ufffddef"]
+
+
+def test_missing_input_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ValueError, match="cannot read input .*nope.txt"):
+        read_lines(str(tmp_path / "nope.txt"))
+
+
+def test_partial_output_resumes_and_completes_atomically(tmp_path) -> None:
+    target = tmp_path / "out.txt"
+    job = {"input": "x", "settings": "y"}
+    first = ResumableOutput(str(target), job)
+    first.write(["one", "two"])
+    first.stream.write("thr")  # a write cut short by a kill
+    first.close()
+    assert not target.exists()
+    second = ResumableOutput(str(target), job)
+    assert second.done == 2
+    second.write(["three"])
+    second.finish()
+    assert target.read_text() == "one\ntwo\nthree\n"
+    assert not (tmp_path / "out.txt.partial").exists()
+
+
+def test_partial_output_of_another_job_is_refused(tmp_path) -> None:
+    target = tmp_path / "out.txt"
+    ResumableOutput(str(target), {"input": "a"}).close()
+    with pytest.raises(ValueError, match="partial output of a different job"):
+        ResumableOutput(str(target), {"input": "b"})
+
+
+def test_a_second_job_writing_the_same_output_is_refused(tmp_path) -> None:
+    """Two jobs appending to one partial file would interleave lines: the second is refused
+    until the first has finished (or died, which releases its lock)."""
+    target = tmp_path / "out.txt"
+    job = {"input": "x"}
+    first = ResumableOutput(str(target), job)
+    first.write(["one"])
+    with pytest.raises(
+        ValueError, match=r"out.txt.partial is being written by another running job"
+    ):
+        ResumableOutput(str(target), job)
+    first.write(["two", "three"])
+    first.truncate_to(2)  # keeps the lock
+    with pytest.raises(ValueError, match="another running job"):
+        ResumableOutput(str(target), job)
+    first.close()  # a killed job releases it: the next run resumes
+    second = ResumableOutput(str(target), job)
+    assert second.done == 2
+    second.finish()
+    assert target.read_text() == "one\ntwo\n"

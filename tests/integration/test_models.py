@@ -1,0 +1,110 @@
+"""Model building, checkpoints, pairs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specbeam.apps.task import TaskConfig
+from specbeam.integration.models import (
+    ModelArch,
+    ModelPairConfig,
+    build_model,
+    build_shallow_draft,
+    cast_draft,
+    check_same_pieces,
+    check_same_vocabulary,
+    load_model,
+    load_pair,
+    num_parameters,
+    save_model,
+)
+from tests.conftest import DRAFT_ARCH, TARGET_ARCH
+
+
+def test_checkpoint_round_trip(tmp_path) -> None:
+    model = build_model(TARGET_ARCH).eval()
+    save_model(model, TARGET_ARCH, tmp_path / "m.pt", torch.float32)
+    loaded = load_model(tmp_path / "m.pt")
+    for (name, a), (_, b) in zip(
+        model.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_shallow_draft_shares_the_target_encoder(tiny_target) -> None:
+    target = copy.deepcopy(tiny_target)
+    draft = build_shallow_draft(target, DRAFT_ARCH)
+    assert draft.encoder is target.encoder and draft.encoder_frontend is target.encoder_frontend
+    own = (
+        num_parameters(draft)
+        - num_parameters(target.encoder)
+        - num_parameters(target.encoder_frontend)
+    )
+    assert own < num_parameters(build_model(DRAFT_ARCH))  # no encoder weights of its own
+    check_same_vocabulary(target, draft)
+    cast_draft(draft, target, torch.bfloat16)
+    assert next(draft.decoder.parameters()).dtype == torch.bfloat16
+    assert next(target.encoder.parameters()).dtype == torch.float32  # verification stays fp32
+
+
+def test_a_pair_loads_a_shallow_draft_over_its_target(tmp_path, tiny_target) -> None:
+    """The draft checkpoint has no encoder: the pair rebuilds it over the loaded target's."""
+    target = copy.deepcopy(tiny_target)
+    save_model(target, TARGET_ARCH, tmp_path / "target.pt", torch.float32)
+    save_model(
+        build_shallow_draft(target, DRAFT_ARCH), DRAFT_ARCH, tmp_path / "draft.pt",
+        torch.float32, shares_encoder=True,
+    )  # fmt: skip
+    pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "draft.pt"))
+    loaded, draft = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
+    assert draft is not None and draft.encoder is loaded.encoder
+
+
+def test_mismatched_vocabulary_is_refused(tiny_target) -> None:
+    other = build_model(ModelArch(**{**DRAFT_ARCH.__dict__, "vocab_size": 50}))
+    with pytest.raises(
+        ValueError,
+        match=r"draft vocabulary \(50 entries\) differs from the target's \(48 entries\)",
+    ):
+        check_same_vocabulary(tiny_target, other)
+
+
+def test_tokenizers_with_different_pieces_are_refused(tmp_path) -> None:
+    """Same size and special indices, two pieces swapped: the pieces check finds it."""
+    from fairseq2.models.nllb import NllbTokenizerConfig, load_nllb_tokenizer
+    from sentencepiece import sentencepiece_model_pb2
+
+    task = TaskConfig()
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(task.path(task.tokenizer).read_bytes())
+    a, b = proto.pieces[100].piece, proto.pieces[101].piece
+    proto.pieces[100].piece, proto.pieces[101].piece = b, a
+    (tmp_path / "swapped.model").write_bytes(proto.SerializeToString())
+    config = NllbTokenizerConfig(langs=list(task.langs), default_lang=task.tgt_lang)
+    swapped = load_nllb_tokenizer(tmp_path / "swapped.model", config)
+    ours = task.load_tokenizer()
+    assert swapped.vocab_info == ours.vocab_info
+    check_same_pieces(ours, task.load_tokenizer())
+    first = min(ours._model.token_to_index(a), ours._model.token_to_index(b))
+    want_ours, want_theirs = (a, b) if ours._model.token_to_index(a) == first else (b, a)
+    message = (
+        f"draft tokenizer piece {first} is {want_theirs!r} where the target's is {want_ours!r}"
+    )
+    with pytest.raises(ValueError, match=message):
+        check_same_pieces(ours, swapped)
+
+
+def test_tied_weights_are_stored_once(tmp_path) -> None:
+    model = build_model(TARGET_ARCH)
+    save_model(model, TARGET_ARCH, tmp_path / "m.pt", torch.float16)
+    saved = torch.load(tmp_path / "m.pt", weights_only=True)["model"]
+    groups: dict[int, list[str]] = {}
+    for key, value in model.state_dict().items():
+        groups.setdefault(value.data_ptr(), []).append(key)
+    tied = [keys for keys in groups.values() if len(keys) > 1]
+    assert tied, "the NLLB architecture ties its embeddings and output projection"
+    for keys in tied:
+        assert len({saved[k].data_ptr() for k in keys}) == 1, keys

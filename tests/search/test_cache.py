@@ -1,0 +1,195 @@
+"""The speculative KV cache: commit (gather + compaction), rollback, source selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fairseq2.nn import BatchLayout
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.nn.functional import log_softmax
+
+from specbeam.apps.data import pad
+from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
+from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from tests.conftest import sources
+
+
+def labelled_cache(num_sources: int, k: int, lens: list[int], spec: int) -> SpeculativeKVCache:
+    """A 1-layer cache whose every entry says where it was written: (source, position, hyp)."""
+    cache = SpeculativeKVCache(
+        1, num_sources, 16, k, 1, 3, device=torch.device("cpu"), dtype=torch.float32
+    )
+    s, c, i = torch.meshgrid(
+        torch.arange(num_sources), torch.arange(16), torch.arange(k), indexing="ij"
+    )
+    cache.buf[0, :, :, :, :, 0] = torch.stack([s, c, i], -1).float()[None]
+    cache.lens = torch.tensor(lens)
+    cache.width = max(lens)
+    cache.spec_len = spec
+    return cache
+
+
+def entry(cache: SpeculativeKVCache, s: int, pos: int, hyp: int) -> tuple[int, ...]:
+    return tuple(int(x) for x in cache.buf[0, 0, s, pos, hyp, 0])
+
+
+def flat_entry(cache: SpeculativeKVCache, s: int, key: int) -> tuple[int, ...]:
+    return tuple(int(x) for x in cache.flat()[0, 0, s, key, 0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_commit_matches_reference(data) -> None:
+    num_sources = data.draw(st.integers(1, 3))
+    k = data.draw(st.integers(1, 4))
+    lens = data.draw(st.lists(st.integers(0, 5), min_size=num_sources, max_size=num_sources))
+    spec = data.draw(st.integers(1, 3 * k))
+    cache = labelled_cache(num_sources, k, lens, spec)
+    width = max(lens)
+    before = {
+        (s, key): flat_entry(cache, s, key)
+        for s in range(num_sources)
+        for key in range((width + 4) * k)
+    }
+    origin = torch.tensor(
+        [
+            data.draw(st.lists(st.integers(0, k - 1), min_size=k, max_size=k))
+            for _ in range(num_sources)
+        ]
+    )
+    keep = torch.zeros((num_sources, k, spec), dtype=torch.bool)
+    for s in range(num_sources):
+        count = data.draw(st.integers(0, min(spec, 16 - lens[s])))  # the labelled cache holds 16
+        for i in range(k):
+            keep[s, i, data.draw(st.permutations(range(spec)))[:count]] = True
+    cache.commit(origin, keep)
+    for s in range(num_sources):
+        kept = int(keep[s, 0].sum())
+        assert int(cache.lens[s]) == lens[s] + kept
+        for i in range(k):
+            for pos in range(lens[s]):  # the prefix of the origin hypothesis
+                assert entry(cache, s, pos, i) == before[(s, pos * k + int(origin[s, i]))]
+            slots = keep[s, i].nonzero().flatten().tolist()
+            for t, slot in enumerate(slots):  # then its kept slots, in order
+                assert entry(cache, s, lens[s] + t, i) == before[(s, width * k + slot)]
+    assert cache.width == int(cache.lens.max()) and cache.spec_len == 0
+
+
+def test_select_sources_drops_rows() -> None:
+    cache = labelled_cache(3, 2, [2, 4, 1], 0)
+    cache.select_sources(torch.tensor([2, 0]))
+    assert cache.lens.tolist() == [1, 2] and cache.width == 2
+    assert entry(cache, 0, 0, 1) == (2, 0, 1) and entry(cache, 1, 1, 0) == (0, 1, 0)
+
+
+def test_growth_keeps_live_entries_and_stops_at_the_bound() -> None:
+    cache = SpeculativeKVCache(
+        1, 2, 10, 2, 1, 3, device=torch.device("cpu"), dtype=torch.float32, increment=4
+    )
+    assert cache.capacity == 0 and cache.nbytes() == 0
+    cache.reserve(5)  # 5 slots over 2 hypotheses: 3 positions, rounded up to 4
+    assert cache.capacity == 4
+    cache.buf[0, :, :, :, :, 0] = 7.0
+    cache.lens, cache.width = torch.tensor([2, 3]), 3
+    cache.reserve(6)  # 3 prefix positions + 3 for the new slots
+    assert cache.capacity == 8
+    assert (cache.buf[0, :, :, :3, :, 0] == 7.0).all()
+    assert (cache.buf[0, :, :, 3:] == 0).all()  # never garbage, even where masked
+    cache.reserve(12)  # 9 positions: the bound (10) is below the next step (12)
+    assert cache.capacity == 10
+    assert cache.peak_bytes == cache.nbytes()
+    with pytest.raises(RuntimeError, match="capacity was sized too small"):
+        cache.reserve(15)
+    cache.select_sources(torch.tensor([1]))
+    assert cache.capacity == 10 and cache.buf.size(2) == 1 and cache.lens.tolist() == [3]
+    assert cache.peak_bytes == 2 * cache.nbytes()
+
+
+def test_commit_makes_room_for_each_hypothesis_path() -> None:
+    """4 slots reserved over 2 hypotheses take 2 positions beyond the prefix, but one
+    hypothesis may keep all 4 (a chain): the commit grows the buffer, or refuses past
+    the bound (found by test_commit_matches_reference: an IndexError before)."""
+    for bound, grows in ((10, True), (5, False)):
+        cache = SpeculativeKVCache(
+            1, 1, bound, 2, 1, 3, device=torch.device("cpu"), dtype=torch.float32, increment=4
+        )
+        cache.lens, cache.width = torch.tensor([2]), 2  # a 2-position prefix
+        cache.reserve(4)  # 2 + 2 positions
+        cache.advance(4)
+        assert cache.capacity == 4
+        cache.flat()[0, :, 0, 4:8, 0, 0] = torch.arange(5.0, 9.0)
+        keep = torch.ones((1, 2, 4), dtype=torch.bool)  # each keeps all 4: 6 positions
+        if not grows:
+            with pytest.raises(RuntimeError, match="capacity was sized too small"):
+                cache.commit(torch.tensor([[0, 1]]), keep)
+            continue
+        cache.commit(torch.tensor([[0, 1]]), keep)
+        assert cache.capacity == 8 and cache.lens.tolist() == [6]
+        assert cache.buf[0, 0, 0, 2:6, 1, 0, 0].tolist() == [5.0, 6.0, 7.0, 8.0]
+
+
+def test_preallocated_cache_refuses_to_grow() -> None:
+    cache = labelled_cache(1, 2, [3], 0)
+    cache.reserve(2 * 16 - 6)
+    with pytest.raises(RuntimeError, match="capacity was sized too small"):
+        cache.reserve(2 * 16 - 5)
+
+
+def test_cross_attention_reorders_same_size_permutation() -> None:
+    """fairseq2's StaticAttentionState skips this case; ours must not."""
+    k = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 1, 4).clone()
+    state = CrossAttentionState(k, k + 10)
+    state.reorder(torch.tensor([2, 0, 1]))
+    keys, values = state.get()
+    assert keys[:, 0, 0, 0].tolist() == [2.0, 0.0, 1.0]
+    assert values[:, 0, 0, 0].tolist() == [12.0, 10.0, 11.0]
+
+
+def full_pass_lprobs(model, src: torch.Tensor, path: list[int]) -> torch.Tensor:
+    tgt = torch.tensor([path])
+    return log_softmax(
+        model(src[None], BatchLayout.of(src[None]), tgt, BatchLayout.of(tgt))[0, -1], -1
+    )
+
+
+def test_rollback_then_redecode_equals_fresh_pass(tiny_target) -> None:
+    """Decode a chain and a rejected tree, keep only the chain, decode again: the new
+    logits must not see any trace of the rejected nodes."""
+    srcs = sources(seed=30, batch=2)
+    src, layout = pad(srcs, 0)
+    dec = TreeDecoder(tiny_target, src, layout, hyps_per_source=1, capacity=32)
+    zeros = torch.zeros(2, dtype=torch.int64)
+    with torch.inference_mode():
+        table = SlotTable(2, 3 + 4, src.device)
+        roots = table.add_chains(
+            torch.tensor([[[3, 9, 30]], [[3, 12, 33]]]), torch.tensor([3, 3]), zeros
+        )
+        rejected = table.add_nodes(
+            torch.tensor([[40, 41], [42, 43]]),
+            roots.expand(2, 2),
+            torch.ones(2, 2, dtype=torch.bool),
+        )
+        table.add_nodes(
+            torch.tensor([[44, 45], [46, 47]]), rejected, torch.ones(2, 2, dtype=torch.bool)
+        )
+        dec.forward(*table.query(0, table.size))
+        keep = torch.zeros((2, 1, table.size), dtype=torch.bool)
+        keep[:, :, :3] = True
+        dec.cache.commit(torch.zeros((2, 1), dtype=torch.int64), keep)
+        table = SlotTable(2, 1, src.device)
+        table.add_chains(torch.tensor([[[31]], [[34]]]), torch.tensor([1, 1]), dec.cache.lens)
+        logits = dec.logits(dec.forward(*table.query(0, 1)))
+    for s, path in enumerate([[3, 9, 30, 31], [3, 12, 33, 34]]):
+        assert torch.allclose(
+            log_softmax(logits[s, 0], -1), full_pass_lprobs(tiny_target, srcs[s], path), atol=1e-5
+        )
+
+
+def test_bytes_held_counts_live_positions_only() -> None:
+    cache = labelled_cache(2, 3, [4, 1], 0)
+    per_position = 2 * 3 * 1 * 3 * 4  # K/V × hypotheses × heads × head dim × fp32 bytes
+    assert cache.bytes_held() == 5 * per_position
+    assert cache.nbytes() == 2 * 16 * per_position
+    cache.select_sources(torch.tensor([], dtype=torch.int64))
+    assert cache.bytes_held() == 0

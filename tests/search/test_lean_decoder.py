@@ -1,0 +1,67 @@
+"""The lean decoder computes what fairseq2's decoder computes, on trees, padded batches
+and after sources are dropped; decoders it cannot run keep fairseq2's path."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from fairseq2.models.transformer import TransformerNormOrder
+
+from specbeam.apps.data import pad
+from specbeam.search.lean_decoder import lean_problem
+from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from tests.conftest import sources
+from tests.search.test_tree_attention import TOL, random_tree
+
+
+def _round(decoders: list[TreeDecoder], gen: torch.Generator, k: int) -> list[torch.Tensor]:
+    """One verification-like call on every decoder with the same random tree of one-token
+    chains, then the same commit (each hypothesis keeps a depth-1 path)."""
+    num_sources = decoders[0].cache.lens.size(0)
+    table = SlotTable(num_sources, k + 8, torch.device("cpu"))
+    last = torch.randint(4, 48, (num_sources, k, 1), generator=gen)
+    roots = table.add_chains(
+        last, torch.ones(num_sources, dtype=torch.int64), decoders[0].cache.lens
+    )
+    random_tree(table, roots, gen, depth=2, width=4)
+    outs = [dec.logits(dec.forward(*table.query(0, table.size))) for dec in decoders]
+    chosen = torch.randint(k, k + 4, (num_sources, k), generator=gen)
+    keep = table.visible[torch.arange(num_sources)[:, None], chosen, : table.size]
+    origin = torch.randint(0, k, (num_sources, k), generator=gen)
+    for dec in decoders:
+        dec.cache.commit(origin, keep)
+    return outs
+
+
+def test_lean_decoder_matches_fairseq2s(tiny_target) -> None:
+    gen = torch.Generator().manual_seed(3)
+    k, srcs = 2, sources(seed=31, batch=3)
+    src, layout = pad(srcs, 0)
+    assert len({len(s) for s in srcs}) > 1, "the batch must be padded"
+    plain, lean = (
+        TreeDecoder(tiny_target, src, layout, hyps_per_source=k, capacity=64, lean=flag)
+        for flag in (False, True)
+    )
+    assert plain.lean is None and lean.lean is not None
+    with torch.inference_mode():
+        for _ in range(3):
+            want, got = _round([plain, lean], gen, k)
+            assert torch.allclose(got, want, atol=TOL), (got - want).abs().max()
+        keep = torch.tensor([2, 0])  # drop a source, as when it finishes
+        for dec in (plain, lean):
+            dec.select_sources(keep)
+        want, got = _round([plain, lean], gen, k)
+    assert torch.allclose(got, want, atol=TOL), (got - want).abs().max()
+
+
+def test_decoders_the_lean_path_cannot_run_keep_fairseq2s(tiny_target, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="specbeam.search.tree_attention")
+    post = copy.deepcopy(tiny_target)
+    post.decoder.layers[1].norm_order = TransformerNormOrder.POST
+    assert lean_problem(post.decoder) == "norm order POST"
+    src, layout = pad(sources(seed=5, batch=1), 0)
+    dec = TreeDecoder(post, src, layout, hyps_per_source=1, capacity=16, lean=True)
+    assert dec.lean is None
+    assert "runs through fairseq2's modules: norm order POST" in caplog.text
