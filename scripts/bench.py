@@ -16,7 +16,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +37,10 @@ from specbeam.apps.calibrate import (
     PassProfile,
     fit_linear,
     measure_call_costs,
-    predict_speedup,
     step_ms,
 )
 from specbeam.apps.compare import MethodRun, run_side_by_side
-from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
+from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.integration.models import ModelPairConfig, load_pair
@@ -71,6 +73,7 @@ class BenchSettings:
     batch_size: int = 16
     threads: int | None = None  # None: the hardware config's
     max_gen_len: tuple[float, int] | None = None  # None: the decoding configs'
+    file_lines: int = 0  # test verses of the whole-process translate runs; 0: none
 
 
 # Tiny models lose time to a second thread on a busy machine; short outputs keep CI fast.
@@ -79,7 +82,9 @@ QUICK = BenchSettings(
 )
 # 212 of the 1,481 test verses, from every book: the six methods at batch 1 and two at
 # batch 16 take about a quarter of an hour on two cores.
-FULL = BenchSettings(limit=0, every=7, slot_counts=(1, 5, 10, 25, 50, 100), repeats=7)
+FULL = BenchSettings(
+    limit=0, every=7, slot_counts=(1, 5, 10, 25, 50, 100), repeats=7, file_lines=300
+)
 
 
 def load_config(model: str, hardware: str) -> EvaluateConfig:
@@ -118,8 +123,8 @@ def relaxed_goals(runs: dict[str, MethodRun], refs: list[str], k: int) -> list[G
     beam, relaxed = runs["beam"], runs["relaxed"]
     bleu = [BLEU().corpus_score(r.outputs, [refs]).score for r in (beam, relaxed)]
     return [
-        speedup(beam, relaxed, f"{name}: wall time", 3.0),
-        Goal(f"{name}: BLEU − beam BLEU", f"{bleu[0]:.2f}", f"{bleu[1]:.2f}", bleu[1] - bleu[0], -0.5),
+        speedup(beam, relaxed, f"{name}: wall time", 2.0),
+        Goal(f"{name}: BLEU − beam BLEU", f"{bleu[0]:.2f}", f"{bleu[1]:.2f}", bleu[1] - bleu[0], -0.3),
     ]  # fmt: skip
 
 
@@ -152,8 +157,66 @@ def plot(goals: list[Goal], path: Path) -> None:
     plt.close(fig)
 
 
+def pass_breakdown(run: MethodRun, cost: CostModel) -> dict[str, float]:
+    """Where the ms of an average speculative pass go: the target call's fixed and
+    per-token parts (fitted), drafting, acceptance, cache commits and the rest."""
+    s = run.stats
+    passes = max(s.target_passes, 1)
+    ms = {phase: 1000 * sec / passes for phase, sec in s.seconds.items()}
+    slots = s.verified_slots / passes
+    parts = {
+        "target fixed": cost.verify.a,
+        "target per token": cost.verify.b * slots,
+        "draft": ms.get("draft", 0.0),
+        "acceptance": ms.get("accept", 0.0),
+        "cache commit": ms.get("commit", 0.0),
+    }
+    total = 1000 * run.total_seconds / passes
+    parts["other"] = total - sum(parts.values())
+    parts["pass"] = total
+    parts["verified tokens"] = slots
+    return parts
+
+
+def breakdown_table(rows: dict[str, dict[str, float]]) -> str:
+    names = list(rows)
+    keys = list(next(iter(rows.values())))
+    lines = ["| ms per pass | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(f"{rows[n][key]:.2f}" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def file_runs(lines: list[str], hardware: str, model: str, out: Path, rounds: int) -> Goal:
+    """`python -m specbeam.translate input=FILE` with the defaults against `decoding=beam`:
+    whole processes, as users run them, interleaved `rounds` times (start-up included)."""
+    out.mkdir(parents=True, exist_ok=True)
+    source = out / "file_run.es"
+    source.write_text("\n".join(lines) + "\n")
+    seconds: dict[str, list[float]] = {"default": [], "beam": []}
+    outputs: dict[str, str] = {}
+    for _ in tqdm(range(rounds), desc="file runs", unit="round", file=sys.stderr):
+        for name, extra in (("beam", ["decoding=beam"]), ("default", [])):
+            target = out / f"file_run.{name}.en"
+            target.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "specbeam.translate", f"input={source}",
+                   f"output={target}", f"hardware={hardware}", f"model={model}",
+                   f"hydra.run.dir={out}/hydra_{name}", *extra]  # fmt: skip
+            started = time.perf_counter()
+            subprocess.run(cmd, cwd=REPO_ROOT, check=True, capture_output=True)
+            seconds[name].append(time.perf_counter() - started)
+            outputs[name] = target.read_text()
+    base, ours = (statistics.median(seconds[n]) for n in ("beam", "default"))
+    same = "identical" if outputs["beam"] == outputs["default"] else "DIFFERENT"
+    return Goal(
+        f"translate input=FILE ({len(lines)} test verses), defaults vs decoding=beam: "
+        f"median of {rounds} whole runs, output {same}",
+        f"{base:.1f} s", f"{ours:.1f} s", base / ours, 1.0,
+    )  # fmt: skip
+
+
 def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]:
-    stages = tqdm(total=4, desc="bench", unit="stage", file=sys.stderr)
+    stages = tqdm(total=5, desc="bench", unit="stage", file=sys.stderr)
     if settings.threads is not None:
         cfg.hardware.threads = settings.threads
     cfg.hardware.apply()
@@ -164,87 +227,116 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     )  # fmt: skip
     pairs = cfg.task.split("test")[:: settings.every][: settings.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
-    names = ["beam", "spec_beam", "greedy", "spec_greedy", "relaxed"]
-    decodings: dict[str, DecodingConfig] = {n: cfg.hardware.tune(load_decoding(n)) for n in names}
-    # Adaptive γ against fixed γ: spec_beam is one of the two (as tuned), the other is added.
+    base_names = ["beam", "beam_lean", "spec_beam", "greedy", "spec_greedy", "relaxed"]
+    decodings = {n: cfg.hardware.tune(load_decoding(n)) for n in base_names}
     spec = decodings["spec_beam"]
-    bounds = spec.gamma_bounds or [1, 2 * spec.gamma]
-    other = "spec_beam_fixed" if spec.gamma_bounds else "spec_beam_adaptive"
-    names.append(other)
-    decodings[other] = dataclasses.replace(
-        spec, name=other, gamma_bounds=None if spec.gamma_bounds else bounds
+    # Speculation itself, without the planner; and as before this issue (fairseq2's
+    # modules for the target) for the pass breakdown.
+    decodings["spec_beam_always"] = dataclasses.replace(spec, name="spec_beam_always", plan=False)
+    decodings["spec_beam_fairseq2_target"] = dataclasses.replace(
+        spec, name="spec_beam_fairseq2_target", plan=False, lean_target=False
     )
-    fixed, adaptive = (
-        ("spec_beam_fixed", "spec_beam") if spec.gamma_bounds else ("spec_beam", other)
+    decodings["spec_greedy_always"] = dataclasses.replace(
+        decodings["spec_greedy"], name="spec_greedy_always", plan=False
     )
     if settings.max_gen_len is not None:
         for d in decodings.values():
             d.max_gen_len = list(settings.max_gen_len)
 
     def method(name: str) -> MethodRun:
+        d = decodings[name]
         gen = make_generator(
-            decodings[name], target, draft, tokenizer.vocab_info,
-            memory_budget_bytes=cfg.hardware.memory_budget_bytes,
+            d, target, draft, tokenizer.vocab_info,
+            memory_budget_bytes=cfg.hardware.memory_budget_bytes, planner=cfg.hardware.planner(d),
         )  # fmt: skip
         return MethodRun(name, CountingGenerator(gen) if name == "beam" else gen)
 
     stages.update()
-    spec = decodings["spec_beam"]
     encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
     points = measure_call_costs(
         target, draft, encode(sorted(sources, key=len)[len(sources) // 2]), hyps=spec.beam_size,
         prefix_len=settings.prefix_len, slot_counts=settings.slot_counts, repeats=settings.repeats,
-        lean_draft=spec.lean_draft,
+        lean_draft=spec.lean_draft, lean_target=spec.lean_target,
     )  # fmt: skip
     stages.update()
-    single = {n: method(n) for n in names}
+    single = {n: method(n) for n in decodings}
     run_side_by_side(
         list(single.values()), tokenizer, sources, cfg.task.src_lang, cfg.task.tgt_lang,
         batch_size=1, desc="batch 1",
     )  # fmt: skip
     stages.update()
-    # The batch goal measures speculation itself, whatever limit the hardware config sets.
-    decodings["spec_beam"] = dataclasses.replace(spec, max_speculative_batch=0)
-    batched = {n: method(n) for n in ("beam", "spec_beam")}
+    n = settings.batch_size
+    batched = {m: method(m) for m in ("beam", "beam_lean", "spec_beam", "spec_beam_always")}
     run_side_by_side(
         list(batched.values()), tokenizer, sources, cfg.task.src_lang, cfg.task.tgt_lang,
-        batch_size=settings.batch_size, desc=f"batch {settings.batch_size}",
+        batch_size=n, desc=f"batch {n}",
     )  # fmt: skip
+    stages.update()
+    file_goal = (
+        file_runs(sources[: settings.file_lines], cfg.hardware.name, cfg.model.name, out, 2)
+        if settings.file_lines
+        else None
+    )
     stages.update()
     stages.close()
 
     fits = {m: fit_linear(list(ms), list(ms.values())) for m, ms in points.items()}
     cost = CostModel(fits["target"], fits["draft"], step_ms(single["beam"]), points)
-    profile = PassProfile.of(single["spec_beam"].stats)
-    predicted = predict_speedup(cost, profile)
-    beam, spec_run = single["beam"], single["spec_beam"]
-    measured = beam.total_seconds / spec_run.total_seconds
-    k, n = spec.beam_size, settings.batch_size
-    sent_s = [len(sources) / r.total_seconds for r in batched.values()]
+    always = single["spec_beam_always"]
+    profile = PassProfile.of(always.stats)
+    lean_step = 1000 * single["beam_lean"].total_seconds / max(single["beam"].generator.calls, 1)
+    predicted = profile.tau * lean_step / (
+        cost.verify.ms(profile.slots) + profile.draft_calls * cost.draft.ms(profile.draft_slots)
+        + profile.accept_ms
+    )  # fmt: skip
+    beam, lean, planned = single["beam"], single["beam_lean"], single["spec_beam"]
+    k = spec.beam_size
+    sent_s = {m: len(sources) / r.total_seconds for m, r in batched.items()}
     kv = [max(a.peak_cache_bytes, b.peak_cache_bytes) / 2**20 for a, b in
-          ((single["beam"], batched["beam"]), (spec_run, batched["spec_beam"]))]  # fmt: skip
+          ((single["beam"], batched["beam"]), (always, batched["spec_beam_always"]))]  # fmt: skip
+    plain_share = planned.stats.plain_sources / len(sources)
     goals = [
-        speedup(beam, spec_run, f"spec beam {k}, batch 1: wall time", 2.0),
-        exact(beam, spec_run, f"spec beam {k}, batch 1: identical output"),
-        Goal(f"spec beam {k}, batch 1: τ at γ={spec.gamma}" + (f" (adaptive in [{bounds[0]}, {bounds[1]}])" if spec.gamma_bounds else ""), "1.00", f"{profile.tau:.2f}",
-             profile.tau, 4.0),
-        Goal("efficiency: measured ÷ predicted speedup", f"{predicted:.2f}× predicted",
-             f"{measured:.2f}× measured", measured / predicted, 0.85),
-        Goal(f"spec beam {k}, batches of {n}: sentences/s", f"{sent_s[0]:.2f}/s",
-             f"{sent_s[1]:.2f}/s", sent_s[1] / sent_s[0], 1.2),
-        speedup(single[fixed], single[adaptive],
-                f"adaptive γ ∈ [{bounds[0]}, {bounds[1]}] vs fixed γ={spec.gamma}, batch 1: wall time", 1.0),
-        speedup(single["greedy"], single["spec_greedy"], "spec greedy vs greedy, batch 1: wall time", 2.5),
+        speedup(beam, planned, f"spec_beam {k} as configured (planner: {plain_share:.0%} of sentences plain), batch 1: wall time", 1.3),
+        exact(beam, planned, f"spec_beam {k} as configured, batch 1: identical output"),
+        speedup(beam, lean, f"kernel gain: specbeam's plain beam {k} (lean) vs fairseq2's, batch 1", 1.0),
+        exact(beam, lean, f"specbeam's plain beam {k} (lean), batch 1: identical output"),
+        speedup(lean, always, f"speculation gain: spec_beam {k} always speculating vs lean plain, batch 1", 1.0),
+        exact(beam, always, f"spec_beam {k} always speculating, batch 1: identical output"),
+        Goal(f"spec beam {k}, batch 1: τ at γ={spec.gamma}" + (f" (adaptive in {spec.gamma_bounds})" if spec.gamma_bounds else ""),
+             "1.00", f"{profile.tau:.2f}", profile.tau, 4.0),
+        Goal("efficiency: measured ÷ predicted speculation gain", f"{predicted:.2f}× predicted",
+             f"{lean.total_seconds / always.total_seconds:.2f}× measured",
+             lean.total_seconds / always.total_seconds / predicted, 0.9),
+        Goal(f"spec_beam {k} as configured, batches of {n}: sentences/s vs beam", f"{sent_s['beam']:.2f}/s",
+             f"{sent_s['spec_beam']:.2f}/s", sent_s["spec_beam"] / sent_s["beam"], 1.0),
+        Goal(f"spec_beam {k} always speculating, batches of {n}: sentences/s vs beam", f"{sent_s['beam']:.2f}/s",
+             f"{sent_s['spec_beam_always']:.2f}/s", sent_s["spec_beam_always"] / sent_s["beam"], 1.0),
+        speedup(single["greedy"], single["spec_greedy"], "spec greedy as configured vs greedy, batch 1: wall time", 2.0),
+        speedup(single["greedy"], single["spec_greedy_always"], "spec greedy always speculating vs greedy, batch 1: wall time", 2.0),
         *relaxed_goals(single, refs, k),
         Goal("peak KV cache, self + cross attention (target + draft) ÷ beam's", f"{kv[0]:.2f} MB", f"{kv[1]:.2f} MB",
              kv[1] / kv[0], 2.0, at_most=True),
     ]  # fmt: skip
+    if file_goal is not None:
+        goals.append(file_goal)
+    breakdown = {
+        "fairseq2 target modules": pass_breakdown(single["spec_beam_fairseq2_target"], cost),
+        "lean target": pass_breakdown(always, cost),
+    }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.md").write_text(markdown(goals) + "\n")
+    (out / "bench.md").write_text(
+        markdown(goals) + "\n\nA speculative pass at batch 1 (spec_beam always speculating), "
+        f"target call fitted as {cost.verify.a:.2f} + {cost.verify.b:.3f}·T ms:\n\n"
+        + breakdown_table(breakdown)
+        + "\n"
+    )
     record = {
         "model": cfg.model.name, "hardware": dataclasses.asdict(cfg.hardware),
         "sentences": len(sources), "decodings": {n: dataclasses.asdict(d) for n, d in decodings.items()},
         "cost_model": dataclasses.asdict(cost), "pass_profile": dataclasses.asdict(profile),
+        "lean_plain_step_ms": lean_step, "pass_breakdown": breakdown,
+        "plain_step_overhead_ms": lean_step - cost.verify.ms(k),
+        "accept_ms_per_source_pass": 1000 * always.stats.seconds["accept"] / max(always.stats.source_passes, 1),
         "goals": [{**dataclasses.asdict(g), "met": g.met} for g in goals],
     }  # fmt: skip
     (out / "bench.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -261,12 +353,16 @@ def main() -> None:
     parser.add_argument("--every", type=int, help="every n-th test sentence (default: 7)")
     parser.add_argument("--limit", type=int, help="at most n sentences (default: all)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_out")
+    parser.add_argument("--file-lines", type=int, help="test verses of the whole-process "
+                        "translate runs (default: 300; 0: skip)")  # fmt: skip
     args = parser.parse_args()
     settings = QUICK if args.quick else FULL
     if args.limit is not None:
         settings = dataclasses.replace(settings, limit=args.limit)
     if args.every is not None:
         settings = dataclasses.replace(settings, every=args.every)
+    if args.file_lines is not None:
+        settings = dataclasses.replace(settings, file_lines=args.file_lines)
     model = args.model or ("tiny_random" if args.quick else "bible_es_en")
     cfg = load_config(model, args.hardware)
     check_checkpoints(cfg.model)

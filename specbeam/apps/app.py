@@ -51,6 +51,7 @@ class PipelineConfig:
         generator = make_generator(
             self.decoding, target, draft, tokenizer.vocab_info,
             memory_budget_bytes=self.hardware.memory_budget_bytes,
+            planner=self.hardware.planner(self.decoding),
         )  # fmt: skip
         return tokenizer, generator
 

@@ -51,19 +51,9 @@ from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.search.planner import LinearCost
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
-
-
-@dataclass(frozen=True)
-class LinearCost:
-    """Milliseconds of one decoder call over `slots` query tokens: a + b · slots."""
-
-    a: float
-    b: float
-
-    def ms(self, slots: float) -> float:
-        return self.a + self.b * slots
 
 
 def fit_linear(slots: Sequence[float], ms: Sequence[float]) -> LinearCost:
@@ -98,7 +88,7 @@ class PassProfile:
             slots=stats.verified_slots / passes,
             draft_calls=stats.draft_passes / passes,
             draft_slots=stats.drafted_tokens / max(stats.draft_passes, 1),
-            accept_ms=1000 * stats.seconds["accept"] / passes,
+            accept_ms=1000 * (stats.seconds["accept"] + stats.seconds["commit"]) / passes,
         )
 
 
@@ -170,12 +160,13 @@ def measure_call_costs(
     slot_counts: Sequence[int],
     repeats: int,
     lean_draft: bool = True,
+    lean_target: bool = True,
 ) -> dict[str, dict[int, float]]:
     """Median ms per call of "target" and "draft" for every T; calls are interleaved
     (target, draft, every T, in turn) and repeated, so machine noise falls alike.
-    `lean_draft`: the draft's decoder as the generators run it (decoding.lean_draft)."""
+    `lean_draft`, `lean_target`: the decoders as the generators run them."""
     timers = {"target": CallTimer(target, source, hyps=hyps, prefix_len=prefix_len,
-                                  max_slots=max(slot_counts))}  # fmt: skip
+                                  max_slots=max(slot_counts), lean=lean_target)}  # fmt: skip
     shared = draft.encoder is target.encoder
     timers["draft"] = CallTimer(
         draft, source, hyps=hyps, prefix_len=prefix_len, max_slots=max(slot_counts),
@@ -283,6 +274,7 @@ def run_grid(
     points = measure_call_costs(
         target, draft, encode(typical), hyps=decoding.beam_size, prefix_len=cfg.prefix_len,
         slot_counts=cfg.slot_counts, repeats=cfg.repeats, lean_draft=decoding.lean_draft,
+        lean_target=decoding.lean_target,
     )  # fmt: skip
     base = dataclasses.replace(load_decoding("beam"), beam_size=decoding.beam_size)
     budget = cfg.hardware.memory_budget_bytes

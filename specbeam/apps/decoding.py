@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.search.draft import DraftShape, draft_keywords
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.planner import Planner
 from specbeam.search.relax import Relaxation
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 
@@ -44,9 +45,23 @@ class DecodingConfig:
     max_speculative_batch: int = 0
     """> 0: batches of more sentences run plain beam search (exact decoding only; same
     output). On a CPU, verification turns compute-bound as batches grow."""
+    plan: bool = True
+    """Exact spec_beam: the hardware config's cost model (`hardware.costs`) chooses per
+    batch between speculation and plain beam search (same output), so that the default is
+    never slower than plain search; false: always speculate (as far as
+    max_speculative_batch allows)."""
+    plan_tau: float = 1.8
+    """The planner's guess of τ before this run has seen a pass (then it goes by the τ it
+    sees); hardware configs tune it per decoding."""
+    plain: str = "lean"
+    """Which plain beam search runs: of a plain decoding (beam, greedy), and of the batches
+    spec_beam does not speculate: lean (specbeam's own loop without a draft, on the lean
+    decoder; same output) or fairseq2 (its BeamSearchSeq2SeqGenerator)."""
     lean_draft: bool = True
     """Run the draft's decoder as plain tensor ops (specbeam/search/lean_decoder.py), not
     through fairseq2's modules: same numbers, less per-call overhead."""
+    lean_target: bool = True
+    """The same for the target's decoder (logits within 1e-5 of fairseq2's)."""
     len_penalty: float = 1.0
     min_gen_len: int = 1
     max_gen_len: list[float] = field(default_factory=lambda: [1.5, 10])
@@ -66,6 +81,8 @@ class DecodingConfig:
 
         if self.search not in ("beam", "sample"):
             raise bad("search", self.search, "allowed: beam, sample")
+        if self.plain not in ("lean", "fairseq2"):
+            raise bad("plain", self.plain, "allowed: lean, fairseq2")
         if self.sampler not in ("top_p", "top_k"):
             raise bad("sampler", self.sampler, "allowed: top_p, top_k")
         if self.temperature <= 0:
@@ -91,6 +108,12 @@ class DecodingConfig:
 
     def draft_shape(self) -> DraftShape:
         return DraftShape.of(beam_size=self.beam_size, **draft_keywords(self))
+
+    @property
+    def exact_beam(self) -> bool:
+        """Exact speculative beam search: the only decoding whose output does not depend
+        on whether a batch speculates, so the only one a planner may switch."""
+        return self.speculative and self.search == "beam" and self.relax_top == 0
 
     def relaxation(self) -> Relaxation | None:
         return Relaxation(self.relax_top, self.relax_gap) if self.relax_top > 0 else None
@@ -130,9 +153,11 @@ def make_generator(
     vocab_info: VocabularyInfo,
     *,
     memory_budget_bytes: int | None = None,
+    planner: Planner | None = None,
 ) -> Seq2SeqGenerator:
     """`memory_budget_bytes` (hardware.memory_budget_mb) bounds speculative decoding only:
-    fairseq2's beam search sizes its own cache."""
+    fairseq2's beam search sizes its own cache. `planner` (`HardwareConfig.planner`)
+    chooses per batch whether exact spec_beam speculates."""
     cfg.validate()
     common = dict(
         len_penalty=cfg.len_penalty,
@@ -155,13 +180,20 @@ def make_generator(
             sampler,
             gamma=cfg.gamma,
             lean_draft=cfg.lean_draft,
+            lean_target=cfg.lean_target,
             **common,  # type: ignore[arg-type]
         )
     common["beam_size"] = cfg.beam_size
-    if not cfg.speculative:
+    if not cfg.speculative and cfg.plain == "fairseq2":
         return BeamSearchSeq2SeqGenerator(target, vocab_info, **common)
+    if not cfg.speculative:
+        return SpeculativeBeamSearchSeq2SeqGenerator(
+            target, None, vocab_info, lean_target=cfg.lean_target, **common
+        )
     return SpeculativeBeamSearchSeq2SeqGenerator(
         target, draft, vocab_info, **draft_keywords(cfg), relaxation=cfg.relaxation(),
         memory_budget_bytes=memory_budget_bytes, lean_draft=cfg.lean_draft,
+        lean_target=cfg.lean_target, plain=cfg.plain,
+        planner=planner,
         max_speculative_sources=cfg.max_speculative_batch or None, **common,
     )  # fmt: skip

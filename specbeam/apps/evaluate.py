@@ -173,7 +173,17 @@ def evaluate(cfg: EvaluateConfig) -> None:
     vocab, budget = tokenizer.vocab_info, cfg.hardware.memory_budget_bytes
     for batch_size in cfg.batch_sizes:
         runs = [
-            MethodRun(d.name, make_generator(d, target, draft, vocab, memory_budget_bytes=budget))
+            MethodRun(
+                d.name,
+                make_generator(
+                    d,
+                    target,
+                    draft,
+                    vocab,
+                    memory_budget_bytes=budget,
+                    planner=cfg.hardware.planner(d),
+                ),
+            )
             for d in decodings
         ]
         run_side_by_side(

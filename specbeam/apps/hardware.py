@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specbeam.search.memory import MB
+from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 
 if TYPE_CHECKING:
     from specbeam.apps.decoding import DecodingConfig
@@ -34,6 +35,11 @@ class HardwareConfig:
     memory_budget_mb: float = 0
     """Speculative decoding keeps its KV caches and logits within this many MiB by
     decoding a batch in chunks (same output), or a smaller draft; 0 = unlimited."""
+    costs: dict[str, Any] = field(default_factory=dict)
+    """This machine's cost model for the planner (`specbeam.search.planner`), written by
+    specbeam.calibrate: `target` and `draft` ([a, b]: a + b·T ms per call over T query
+    tokens), `accept_ms` (per pass and source) and `plain_step_ms` (the plain search's
+    work per step beside its target call). Empty: no planning, spec_beam always speculates."""
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Decoding name -> settings (gamma, draft_width, ...) that replace the decoding file's on
     this machine; written by specbeam.apps.calibrate. Command-line values such as
@@ -69,6 +75,22 @@ class HardwareConfig:
     @property
     def memory_budget_bytes(self) -> int | None:
         return int(self.memory_budget_mb * MB) or None
+
+    def planner(self, decoding: DecodingConfig) -> Planner | None:
+        """A fresh planner for `decoding` on this machine's cost model (None without one,
+        or where the decoding may not switch to plain search)."""
+        if not (self.costs and decoding.plan and decoding.exact_beam):
+            return None
+        c = self.costs
+        try:
+            costs = PlanCosts(
+                LinearCost(*c["target"]), LinearCost(*c["draft"]), float(c["accept_ms"]),
+                float(c["plain_step_ms"]),
+            )  # fmt: skip
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"hardware.costs is incomplete or malformed: {error}") from None
+        shape = PassShape.expected(decoding.draft_shape(), decoding.plan_tau)
+        return Planner(costs, decoding.beam_size, shape)
 
     def tune(self, decoding: DecodingConfig, keep: Collection[str] = ()) -> DecodingConfig:
         """`decoding` with this machine's calibrated settings for its name, if any, but

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import final
+from typing import Literal, final
 
 import torch
 from fairseq2.data.tokenizers import VocabularyInfo
@@ -45,9 +45,11 @@ from specbeam.search.memory import (
     fit_budget,
     source_bytes,
 )
+from specbeam.search.planner import PassShape, Planner
 from specbeam.search.relax import Relaxation
 from specbeam.search.rules import ScoringRules, length_limits
 from specbeam.search.stats import SpecStats
+from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
 from specbeam.search.verify import Verifier
 
@@ -83,16 +85,21 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     batch that needs more is decoded in consecutive chunks of sources, with the same
     output; if one source alone needs more, the draft gets shallower, then narrower.
 
-    Calls with more than `max_speculative_sources` sources run fairseq2's beam search on
-    the target alone (as vLLM's `speculative_disable_by_batch_size`): where verification
-    is compute-bound, as on a CPU at large batches, a draft tree costs more target work
-    than the steps it saves. Exact decoding only, so the output is the same either way.
+    Calls with more than `max_speculative_sources` sources, calls the `planner` prices
+    as faster without the draft, and every call when `draft_model` is None run plain beam
+    search on the target alone (as vLLM's `speculative_disable_by_batch_size`): where
+    verification is compute-bound, as on a CPU at large batches, a draft tree costs more
+    target work than the steps it saves. Exact decoding only, so the output is the same
+    either way. `plain="lean"` runs that search through this generator's own loop with
+    no draft (one step per target call, on the lean path); `"fairseq2"` runs fairseq2's
+    `BeamSearchSeq2SeqGenerator`. `lean_target` runs the target's decoder as plain tensor
+    ops (`specbeam.search.lean_decoder`, same numbers within 1e-5) where its layers allow.
     """
 
     def __init__(
         self,
         model: Seq2SeqModel,
-        draft_model: Seq2SeqModel,
+        draft_model: Seq2SeqModel | None,
         target_vocab_info: VocabularyInfo,
         algo: BeamSearchAlgorithm | None = None,
         *,
@@ -121,6 +128,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         relaxation: Relaxation | None = None,
         max_speculative_sources: int | None = None,
         lean_draft: bool = True,
+        lean_target: bool = True,
+        plain: Literal["lean", "fairseq2"] = "lean",
+        planner: Planner | None = None,
     ) -> None:
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
@@ -149,8 +159,10 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             relaxation.validate()
         self._relaxation = relaxation
         self._lean_draft = lean_draft
+        self._lean_target = lean_target
         model.eval()
-        draft_model.eval()
+        if draft_model is not None:
+            draft_model.eval()
         self._model = model
         self._draft_model = draft_model
         self._vocab_info = target_vocab_info
@@ -176,14 +188,18 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             raise ValueError(
                 f"`max_speculative_sources` must be ≥ 0 or None, but is {max_speculative_sources}."
             )
-        if max_speculative_sources is not None and relaxation is not None:
+        plans = max_speculative_sources is not None or planner is not None or draft_model is None
+        if plans and relaxation is not None:
             raise ValueError(
-                "`max_speculative_sources` needs exact decoding: with a relaxation, a sentence's "
-                "output would depend on the size of its batch"
+                "`max_speculative_sources`, a `planner` or a missing draft needs exact decoding: "
+                "with a relaxation, a sentence's output would depend on how it was decoded"
             )
+        if plain not in ("lean", "fairseq2"):
+            raise ValueError(f"`plain` must be 'lean' or 'fairseq2', but is {plain!r}.")
         self._max_speculative_sources = max_speculative_sources
+        self._planner = planner
         self._told_plain = False
-        self._plain = None if max_speculative_sources is None else BeamSearchSeq2SeqGenerator(
+        self._plain = None if plain == "lean" else BeamSearchSeq2SeqGenerator(
             model, target_vocab_info, algo, beam_size=beam_size, min_gen_len=min_gen_len,
             max_gen_len=max_gen_len, max_seq_len=max_seq_len, echo_prompt=echo_prompt,
             normalize_scores=normalize_scores, temperature=temperature, unk_penalty=unk_penalty,
@@ -197,7 +213,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         return self._model
 
     @property
-    def draft_model(self) -> Seq2SeqModel:
+    def draft_model(self) -> Seq2SeqModel | None:
         return self._draft_model
 
     @override
@@ -215,16 +231,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
-        limit, plain = self._max_speculative_sources, self._plain
-        if limit is not None and plain is not None and len(source_seqs) > limit:
-            if not self._told_plain:
-                log.info(
-                    "batches of more than %d sentences (decoding.max_speculative_batch) run "
-                    "plain beam search: same output, no draft",
-                    limit,
-                )
-                self._told_plain = True
-            out = plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
+        speculate = self._speculates(len(source_seqs))
+        if not speculate and self._plain is not None:
+            out = self._plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
             return SpeculativeGeneratorOutput(
                 out.hypotheses, out.counters, SpecStats(plain_sources=len(source_seqs))
             )
@@ -233,18 +242,53 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             self._max_seq_len,
         )  # fmt: skip
         prompts = prompt_seqs[:, :prompt_len]
+        if not speculate:
+            op = _Op(
+                self, source_seqs, source_seqs_layout, prompts, min_seq_len, max_seq_len, False
+            )
+            out = op()
+            # The stats describe speculation; this call is counted as plain only.
+            stats = SpecStats(plain_sources=len(source_seqs), seconds=out.stats.seconds)
+            return SpeculativeGeneratorOutput(out.hypotheses, out.counters, stats)
         if self._memory_budget is None:
-            return _Op(self, source_seqs, source_seqs_layout, prompts, min_seq_len, max_seq_len)()
-        gen, size = self._fit_budget(len(source_seqs), prompt_len, max_seq_len)
-        # Every chunk keeps the whole batch's length limits (fairseq2 derives them from
-        # the batch's longest source), so chunking changes no output.
-        seq_lens = source_seqs_layout.seq_lens
-        outputs = [
-            _Op(gen, source_seqs[i : i + size], BatchLayout.of(source_seqs[i : i + size], seq_lens[i : i + size]),
-                prompts[i : i + size], min_seq_len, max_seq_len)()
-            for i in range(0, len(source_seqs), size)
-        ]  # fmt: skip
-        return outputs[0] if len(outputs) == 1 else _concatenate(outputs)
+            out = _Op(self, source_seqs, source_seqs_layout, prompts, min_seq_len, max_seq_len)()
+        else:
+            gen, size = self._fit_budget(len(source_seqs), prompt_len, max_seq_len)
+            # Every chunk keeps the whole batch's length limits (fairseq2 derives them from
+            # the batch's longest source), so chunking changes no output.
+            seq_lens = source_seqs_layout.seq_lens
+            outputs = [
+                _Op(
+                    gen,
+                    source_seqs[i : i + size],
+                    BatchLayout.of(source_seqs[i : i + size], seq_lens[i : i + size]),
+                    prompts[i : i + size],
+                    min_seq_len,
+                    max_seq_len,
+                )()
+                for i in range(0, len(source_seqs), size)
+            ]
+            out = outputs[0] if len(outputs) == 1 else _concatenate(outputs)
+        if self._planner is not None and out.stats.target_passes:
+            self._planner.observe(PassShape.of(out.stats), out.stats.target_passes)
+        return out
+
+    def _speculates(self, num_sources: int) -> bool:
+        """Whether this call drafts: a draft, at most `max_speculative_sources` sources, and
+        a planner (if any) that expects it to be faster."""
+        limit, planner = self._max_speculative_sources, self._planner
+        if self._draft_model is None:
+            return False
+        if limit is not None and num_sources > limit:
+            why = f"batches of more than {limit} sentences (decoding.max_speculative_batch)"
+        elif planner is not None and not planner.speculate(num_sources):
+            why = f"batches the planner prices faster without the draft ({num_sources} sentences)"
+        else:
+            return True
+        if not self._told_plain:
+            log.info("%s run plain beam search: same output, no draft", why)
+            self._told_plain = True
+        return False
 
     def _fit_budget(
         self, num_sources: int, prompt_len: int, max_seq_len: int
@@ -256,6 +300,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         linear = shape.strategy == "linear"
         width = k if linear else shape.width
         min_width = width if linear else k if shape.strategy == "beam" else 1
+        assert self._draft_model is not None
         target, draft = DecoderSize.of(self._model), DecoderSize.of(self._draft_model)
 
         def need(depth: int, width: int) -> int:
@@ -312,7 +357,10 @@ class _Op:
         prompts: Tensor,
         min_seq_len: int,
         max_seq_len: int,
+        speculate: bool = True,
     ) -> None:
+        """Without `speculate`, no draft runs: every pass verifies the roots alone, so it
+        is plain beam search, one step per target call."""
         vocab, k, shape = gen._vocab_info, gen._beam_size, gen._draft_shape
         num_sources, prompt_len = prompts.shape
         width = k if shape.strategy == "linear" else shape.width
@@ -326,14 +374,23 @@ class _Op:
             max_seq_len=max_seq_len,
             step_processors=gen._step_processors,
         )
-        capacity = cache_capacity(max_seq_len, prompt_len, k, shape.max_depth, width)
-        target, draft = TreeDecoder.pair(
-            gen.model, gen.draft_model, source_seqs, source_layout, hyps_per_source=k,
-            capacity=capacity, capacity_increment=gen._capacity_increment,
-            lean_draft=gen._lean_draft,
-        )  # fmt: skip
+        depth = shape.max_depth if speculate else 0
+        capacity = cache_capacity(max_seq_len, prompt_len, k, depth, width)
+        if speculate:
+            assert gen.draft_model is not None
+            target, draft = TreeDecoder.pair(
+                gen.model, gen.draft_model, source_seqs, source_layout, hyps_per_source=k,
+                capacity=capacity, capacity_increment=gen._capacity_increment,
+                lean_draft=gen._lean_draft, lean_target=gen._lean_target,
+            )  # fmt: skip
+            self.drafter: Drafter | None = Drafter(draft, self.rules, prompts[:, None, :], shape)
+        else:
+            target = TreeDecoder(
+                gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity,
+                capacity_increment=gen._capacity_increment, lean=gen._lean_target,
+            )  # fmt: skip
+            self.drafter = None
         self.verifier = Verifier(target)
-        self.drafter = Drafter(draft, self.rules, prompts[:, None, :], shape)
         finish = HypothesisFactory(
             int(vocab.eos_idx),
             prompt_len,
@@ -348,6 +405,7 @@ class _Op:
         self.stats = SpecStats(
             passes_per_source=[0] * num_sources,
             steps_per_source=[0] * num_sources,
+            plain_sources=0 if speculate else num_sources,
         )
 
     def __call__(self) -> SpeculativeGeneratorOutput:
@@ -358,7 +416,11 @@ class _Op:
         first = True
         while len(state.step_nr) > 0:
             with stats.timed("draft"):
-                tree = self.drafter.propose(state.scores, state.n)
+                tree = (
+                    DraftTree.empty(len(chains))
+                    if self.drafter is None
+                    else self.drafter.propose(state.scores, state.n)
+                )
             with stats.timed("verify"):
                 verification = self.verifier.verify(chains, chain_len, tree)
             with stats.timed("accept"):
@@ -366,9 +428,11 @@ class _Op:
                     self.acceptor.score_prompt(state, verification, self.prompts)
                     first = False
                 acceptance = self.acceptor.accept(state, verification, tree, self.output)
+            with stats.timed("commit"):
                 self.verifier.commit(verification, acceptance.origin, acceptance.node)
-                self.drafter.commit(acceptance.origin, acceptance.node, acceptance.roots, tree)
-                self.drafter.adapt(acceptance.steps)
+                if self.drafter is not None:
+                    self.drafter.commit(acceptance.origin, acceptance.node, acceptance.roots, tree)
+                    self.drafter.adapt(acceptance.steps)
             stats.record_pass(
                 state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
             )
@@ -379,12 +443,14 @@ class _Op:
                 keep = (~acceptance.done).nonzero().squeeze(1)
                 state.select_sources(keep)
                 self.verifier.decoder.select_sources(keep)
-                self.drafter.select_sources(keep)
+                if self.drafter is not None:
+                    self.drafter.select_sources(keep)
                 chains = chains.index_select(0, keep)
                 chain_len = chain_len.index_select(0, keep)
-        stats.draft_passes = self.drafter.passes
         stats.peak_target_cache_bytes = self.verifier.decoder.cache.peak_bytes
-        stats.peak_draft_cache_bytes = self.drafter.decoder.cache.peak_bytes
+        if self.drafter is not None:
+            stats.draft_passes = self.drafter.passes
+            stats.peak_draft_cache_bytes = self.drafter.decoder.cache.peak_bytes
         for hyps in self.output:
             hyps.sort(key=lambda h: h.score, reverse=True)  # stable, as in fairseq2
         counters = GenerationCounters(

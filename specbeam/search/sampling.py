@@ -173,6 +173,7 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         gamma: int = 4,
         generator: torch.Generator | None = None,
         lean_draft: bool = True,
+        lean_target: bool = True,
     ) -> None:
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
@@ -196,6 +197,7 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         self._max_seq_len = limit if max_seq_len is None else min(max_seq_len, limit)
         self._capacity_increment = checked_increment(decode_capacity_increment)
         self._lean_draft = lean_draft
+        self._lean_target = lean_target
         self._echo_prompt = echo_prompt
         self._compute_scores = compute_scores
         self._normalize_scores = normalize_scores
@@ -268,6 +270,7 @@ class _SampleOp:
         target, draft = TreeDecoder.pair(
             gen.model, gen._draft_model, sources, layout, hyps_per_source=1, capacity=capacity,
             capacity_increment=gen._capacity_increment, lean_draft=gen._lean_draft,
+            lean_target=gen._lean_target,
         )  # fmt: skip
         self.verifier = Verifier(target)
         self.draw = DraftSampler(gen._filter, gen._generator)

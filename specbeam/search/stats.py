@@ -25,7 +25,7 @@ class SpecStats:
     peak_target_cache_bytes: int = 0
     peak_draft_cache_bytes: int = 0
     seconds: dict[str, float] = field(
-        default_factory=lambda: {"draft": 0.0, "verify": 0.0, "accept": 0.0}
+        default_factory=lambda: {"draft": 0.0, "verify": 0.0, "accept": 0.0, "commit": 0.0}
     )
     passes_per_source: list[int] = field(default_factory=list)  # by the caller's batch index
     steps_per_source: list[int] = field(default_factory=list)

@@ -23,6 +23,12 @@ class DraftTree:
     valid: Tensor  # (S, D, w) bool
     scores: Tensor  # (S, D, w) cumulative scores the draft ranked them by
 
+    @staticmethod
+    def empty(num_sources: int) -> DraftTree:
+        """No drafted nodes: a pass over it verifies the roots alone (plain search)."""
+        tokens = torch.zeros((num_sources, 0, 1), dtype=torch.int64)
+        return DraftTree(tokens, tokens, tokens.bool(), tokens.float())
+
     @property
     def depth(self) -> int:
         return self.tokens.size(1)

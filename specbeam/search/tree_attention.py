@@ -130,13 +130,15 @@ class TreeDecoder:
         capacity: int,
         capacity_increment: int | None = None,
         lean_draft: bool = False,
+        lean_target: bool = False,
     ) -> tuple[TreeDecoder, TreeDecoder]:
         """The target's and the draft's decoders; a draft over the target's encoder
         reads the target's encoder output, so each source is encoded once. With
-        `lean_draft`, the draft runs as plain tensor ops where it can (lean_decoder.py)."""
+        `lean_draft` / `lean_target`, that model runs as plain tensor ops where it can
+        (lean_decoder.py)."""
         first = TreeDecoder(
             target, source_seqs, source_layout, hyps_per_source=hyps_per_source,
-            capacity=capacity, capacity_increment=capacity_increment,
+            capacity=capacity, capacity_increment=capacity_increment, lean=lean_target,
         )  # fmt: skip
         shared = draft.encoder is target.encoder
         second = TreeDecoder(
@@ -195,7 +197,7 @@ class TreeDecoder:
         self.lean: LeanDecoder | None = None
         problem = lean_problem(model.decoder) if lean else None
         if problem is not None:
-            log.info("the draft decoder runs through fairseq2's modules: %s", problem)
+            log.info("%s's decoder runs through fairseq2's modules: %s", _name(model), problem)
         elif lean:
             self.lean = LeanDecoder(model.decoder, own, cross)
         self._source_bias = self._padding_bias()
@@ -280,3 +282,9 @@ class TreeDecoder:
         for layer in self.model.decoder.layers:
             state = self.state_bag.maybe_get_state(layer.encoder_decoder_attn, CrossAttentionState)
             state.reorder(keep)
+
+
+def _name(model: torch.nn.Module) -> str:
+    """The model's class and size, to tell target and draft apart in the log."""
+    size = sum(p.numel() for p in model.parameters())
+    return f"{type(model).__name__} ({size / 1e6:.1f} M parameters)"

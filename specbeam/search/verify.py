@@ -31,6 +31,8 @@ class Verification:
         """Slot of tree node `node` (an id; -1: the root of hypothesis `origin`)."""
         nodes = self.node_slots.flatten(1)
         own_root = self.root_slots.gather(1, origin)
+        if nodes.size(1) == 0:  # no tree (plain search): every hypothesis is at a root
+            return own_root
         return torch.where(node < 0, own_root, nodes.gather(1, node.clamp(min=0)))
 
 

@@ -99,7 +99,7 @@ class Case:
         return shape
 
 
-def run_both(case: Case, target, draft, vocab_info):
+def run_both(case: Case, target, draft, vocab_info, **options):
     srcs = sources(seed=1000 + case.seed, batch=case.batch)
     src, src_layout = pad(srcs, 0)
     prompts, prompt_layout = pad([case.prompt] * case.batch, 0)
@@ -111,7 +111,7 @@ def run_both(case: Case, target, draft, vocab_info):
     spec_gen = SpeculativeBeamSearchSeq2SeqGenerator(
         target, draft, vocab_info, **{
             "gamma": case.gamma, "draft_strategy": case.strategy, "draft_width": case.draft_width,
-            "max_draft_nodes": case.max_draft_nodes, **case.shape, **common,
+            "max_draft_nodes": case.max_draft_nodes, **case.shape, **common, **options,
         },
     )  # fmt: skip
     try:
@@ -151,6 +151,27 @@ def test_equivalence_with_untrained_draft(seed, tiny_target, untrained_draft, vo
 @pytest.mark.parametrize("seed", range(220, 260))
 def test_equivalence_with_trained_draft(seed, tiny_target, tiny_draft, vocab_info) -> None:
     result = run_both(Case.draw(seed), tiny_target, tiny_draft, vocab_info)
+    if result is not None:
+        assert_same(*result)
+
+
+@pytest.mark.parametrize("seed", range(260, 320))
+def test_plain_search_without_a_draft_is_fairseq2s(seed, tiny_target, vocab_info) -> None:
+    """No draft: specbeam's own beam search, one step per target call on the lean path
+    (the planner's fallback), and through fairseq2's modules for the odd seeds."""
+    result = run_both(Case.draw(seed), tiny_target, None, vocab_info, lean_target=seed % 2 == 0)
+    if result is not None:
+        base, plain = result
+        assert_same(base, plain)
+        assert plain.stats.plain_sources == len(base.hypotheses)
+        assert plain.stats.target_passes == 0  # the stats describe speculation only
+
+
+@pytest.mark.parametrize("seed", range(320, 340))
+def test_equivalence_with_fairseq2_modules_for_the_target(
+    seed, tiny_target, tiny_draft, vocab_info
+) -> None:
+    result = run_both(Case.draw(seed), tiny_target, tiny_draft, vocab_info, lean_target=False)
     if result is not None:
         assert_same(*result)
 

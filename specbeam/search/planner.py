@@ -1,0 +1,103 @@
+"""Per batch: speculate, or run plain beam search, whichever the cost model says is faster.
+
+On a CPU a verification pass turns compute-bound as batches grow (DESIGN.md §8): the
+draft tree's extra tokens then cost in full, and a pass advancing τ steps loses to τ
+plain steps. The planner prices both from calibrated call costs (`specbeam.calibrate`,
+stored per hardware config) and the τ and tree size this generator has seen so far.
+Exact decoding only: either choice gives the same output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+from specbeam.search.draft import DraftShape
+from specbeam.search.stats import SpecStats
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Milliseconds of one decoder call over `slots` query tokens: a + b · slots."""
+
+    a: float
+    b: float
+
+    def ms(self, slots: float) -> float:
+        return self.a + self.b * slots
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """A machine's costs, as `specbeam.calibrate` measures them (ms)."""
+
+    target: LinearCost  # one target call over T query tokens of the whole batch
+    draft: LinearCost  # one draft call likewise
+    accept_ms: float  # acceptance and cache commits of one speculative pass, per source
+    plain_step_ms: float  # the plain search's own work per step beside its target call
+
+
+@dataclass
+class PassShape:
+    """What a speculative pass does per source; a running mean once passes are seen."""
+
+    tau: float = 1.8  # beam-search steps per pass
+    slots: float = 24.0  # verified query tokens
+    draft_calls: float = 1.9
+    draft_slots: float = 10.0  # query tokens per draft call
+
+    @classmethod
+    def expected(cls, shape: DraftShape, tau: float) -> PassShape:
+        """A full tree of `shape` and a guess of τ: the prior before any pass is seen."""
+        k = shape.beam_size
+        width = k if shape.strategy == "linear" else shape.width
+        nodes = shape.depth * width
+        if shape.max_nodes is not None:
+            nodes = min(nodes, shape.max_nodes)
+        return cls(tau=tau, slots=k + nodes, draft_calls=shape.depth, draft_slots=width)
+
+    @classmethod
+    def of(cls, stats: SpecStats) -> PassShape:
+        """The mean pass of a call's stats (per source)."""
+        per_source = max(stats.source_passes, 1)
+        calls = stats.draft_passes / max(stats.target_passes, 1)
+        return cls(
+            tau=stats.tau,
+            slots=stats.verified_slots / per_source,
+            draft_calls=calls,
+            draft_slots=stats.drafted_tokens / per_source / calls if calls else 0.0,
+        )
+
+    def update(self, other: PassShape, weight: float) -> None:
+        """Moves each figure `weight` of the way towards `other`'s."""
+        for name in ("tau", "slots", "draft_calls", "draft_slots"):
+            mine = getattr(self, name)
+            setattr(self, name, mine + weight * (getattr(other, name) - mine))
+
+
+@final
+class Planner:
+    """Chooses speculation when its predicted speedup over plain search exceeds `margin`."""
+
+    def __init__(
+        self, costs: PlanCosts, beam_size: int, shape: PassShape | None = None, margin: float = 1.0
+    ) -> None:
+        self.costs = costs
+        self.k = beam_size
+        self.shape = shape or PassShape()
+        self.margin = margin
+
+    def speedup(self, num_sources: int) -> float:
+        """Predicted plain ms per step ÷ speculative ms per step, for this batch size."""
+        c, p, s = self.costs, self.shape, num_sources
+        plain = c.target.ms(s * self.k) + c.plain_step_ms
+        spec = c.target.ms(s * p.slots) + p.draft_calls * c.draft.ms(s * p.draft_slots)
+        return p.tau * plain / (spec + s * c.accept_ms)
+
+    def speculate(self, num_sources: int) -> bool:
+        return self.speedup(num_sources) > self.margin
+
+    def observe(self, seen: PassShape, passes: int) -> None:
+        """A speculative call's mean pass shape over `passes` passes updates the running one
+        (each pass weighs 1/50: a few sentences move it, one odd sentence does not)."""
+        self.shape.update(seen, min(1.0, passes / 50))

@@ -1,0 +1,75 @@
+"""The planner prices a speculative pass against plain steps from a cost model."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
+
+from specbeam.apps.data import pad
+from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
+from specbeam.search.stats import SpecStats
+from tests.conftest import NLLB_PROMPT, sources
+from tests.search.test_generator import assert_same
+
+# This machine's shape (DESIGN.md §8): a call costs 10.3 ms + 0.3 ms per query token.
+CPU = PlanCosts(LinearCost(10.3, 0.3), LinearCost(1.9, 0.03), accept_ms=1.0, plain_step_ms=1.5)
+
+
+def test_speedup_is_steps_per_pass_times_plain_step_over_pass() -> None:
+    shape = PassShape(tau=2.0, slots=20.0, draft_calls=2.0, draft_slots=10.0)
+    planner = Planner(CPU, beam_size=5, shape=shape)
+    plain = 10.3 + 0.3 * 5 + 1.5
+    spec = 10.3 + 0.3 * 20 + 2 * (1.9 + 0.03 * 10) + 1.0
+    assert planner.speedup(1) == pytest.approx(2.0 * plain / spec)
+
+
+def test_compute_bound_batches_run_plain() -> None:
+    """Past the ridge point every verified token costs in full: a tree of 24 tokens per
+    source for 1.8 steps loses to plain steps of 5 tokens, however good the draft."""
+    planner = Planner(CPU, beam_size=5, shape=PassShape(tau=2.5))
+    assert planner.speculate(1)
+    assert not planner.speculate(16)
+    assert [planner.speculate(n) for n in range(1, 17)] == sorted(
+        (planner.speculate(n) for n in range(1, 17)), reverse=True
+    )  # once plain wins, it wins at every larger batch
+
+
+def test_observed_passes_move_the_running_shape() -> None:
+    planner = Planner(CPU, beam_size=5, shape=PassShape(tau=3.0))
+    before = planner.speedup(1)
+    planner.observe(PassShape(tau=1.0, slots=24.0, draft_calls=1.9, draft_slots=10.0), passes=25)
+    assert planner.shape.tau == pytest.approx(2.0)  # 25 passes weigh half
+    assert planner.speedup(1) < before
+    planner.observe(PassShape(tau=1.0), passes=500)
+    assert planner.shape.tau == pytest.approx(1.0)
+
+
+def test_pass_shape_of_stats_is_per_source() -> None:
+    stats = SpecStats(target_passes=10, draft_passes=20, source_passes=20, steps=36,
+                      drafted_tokens=400, verified_slots=480)  # fmt: skip
+    shape = PassShape.of(stats)
+    assert (shape.tau, shape.slots, shape.draft_calls, shape.draft_slots) == (1.8, 24.0, 2.0, 10.0)
+
+
+def test_generator_follows_the_planner(tiny_target, tiny_draft, vocab_info, caplog) -> None:
+    """Batches the planner prices as slower with the draft run plain, with the same output;
+    speculative calls feed it their τ."""
+    caplog.set_level(logging.INFO, logger="specbeam.search.generator")
+    planner = Planner(CPU, beam_size=4, shape=PassShape(tau=2.5))
+    generator = SpeculativeBeamSearchSeq2SeqGenerator(
+        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, planner=planner
+    )
+    beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
+    for n, speculative in ((1, True), (16, False)):
+        src, src_layout = pad(sources(seed=41, batch=n), 0)
+        prompts, prompt_layout = pad([NLLB_PROMPT] * n, 0)
+        out = generator(src, src_layout, prompts, prompt_layout)
+        assert_same(beam(src, src_layout, prompts, prompt_layout), out)
+        assert (out.stats.target_passes > 0) == speculative
+        assert out.stats.plain_sources == (0 if speculative else n)
+        if speculative:
+            assert planner.shape.tau != 2.5
+    assert "the planner prices faster without the draft (16 sentences)" in caplog.text
