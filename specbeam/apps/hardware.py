@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from omegaconf import OmegaConf
 
+from specbeam.apps.paths import REPO_ROOT
 from specbeam.search.memory import MB
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 
 if TYPE_CHECKING:
     from specbeam.apps.decoding import DecodingConfig
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -105,3 +108,13 @@ class HardwareConfig:
                 f"hardware.tuned.{name} has unknown settings: {', '.join(sorted(unknown))}"
             )
         return dataclasses.replace(decoding, **{k: v for k, v in settings.items() if k not in keep})
+
+
+def load_hardware(name: str) -> HardwareConfig:
+    """`conf/hardware/<name>.yaml` outside a Hydra app (the fairseq2 extension)."""
+    path = REPO_ROOT / "conf" / "hardware" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ValueError(f"hardware={name}: no {path}; allowed: {known}")
+    merged = OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)

@@ -48,6 +48,8 @@ from fairseq2.runtime.dependency import (
 from fairseq2.utils.validation import ValidationResult
 from torch.nn import Module
 
+from specbeam.apps.decoding import DecodingConfig
+from specbeam.apps.hardware import load_hardware
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.integration.cards import shallow_draft_path
 from specbeam.integration.models import check_same_pieces, check_same_vocabulary, load_model
@@ -92,6 +94,17 @@ class SpeculativeBeamSearchConfig(BeamSearchConfig):
     draft_prune_margin: float | None = None
     gamma_bounds: tuple[int, int] | None = None
     """If not ``None``, adapts γ per source within these bounds."""
+
+    hardware: str | None = "cpu"
+    """The hardware config (`conf/hardware/<name>.yaml`) whose cost model chooses per
+    batch between speculation and plain beam search (same output); ``None``: always
+    speculate."""
+
+    plan_tau: float = 1.8
+    """The planner's guess of τ before it has seen a pass."""
+
+    lean_target: bool = True
+    """Runs the target's decoder as plain tensor ops (logits within 1e-5 of fairseq2's)."""
 
     def validate(self) -> ValidationResult:
         result = super().validate()
@@ -167,6 +180,13 @@ class _SpeculativeSeq2SeqGeneratorFactory:
             raise BeamSearchAlgorithmNotKnownError(config.algo.name) from None
 
         target, draft_model = self._load_pair(config.draft_model)
+        planner = None
+        if config.hardware is not None:
+            hardware = load_hardware(config.hardware)
+            decoding = DecodingConfig(
+                beam_size=config.beam_size, plan_tau=config.plan_tau, **draft_keywords(config)
+            )
+            planner = hardware.planner(decoding)
 
         return SpeculativeBeamSearchSeq2SeqGenerator(
             target,
@@ -184,6 +204,8 @@ class _SpeculativeSeq2SeqGeneratorFactory:
             len_penalty=config.len_penalty,
             prefill_chunk_size=config.prefill_chunk_size,
             decode_capacity_increment=config.decode_capacity_increment,
+            lean_target=config.lean_target,
+            planner=planner,
             **draft_keywords(config),
         )
 

@@ -77,15 +77,30 @@ class PassShape:
 
 @final
 class Planner:
-    """Chooses speculation when its predicted speedup over plain search exceeds `margin`."""
+    """Chooses speculation when its predicted speedup over plain search exceeds `margin`.
+
+    τ is only seen while speculating, so a planner that turned plain on a few hard
+    sentences would stay plain for good. Where the prediction is close (within
+    `explore` of the margin), every `probe_every`-th such call speculates anyway and keeps
+    the running τ current.
+    """
 
     def __init__(
-        self, costs: PlanCosts, beam_size: int, shape: PassShape | None = None, margin: float = 1.0
+        self,
+        costs: PlanCosts,
+        beam_size: int,
+        shape: PassShape | None = None,
+        margin: float = 1.0,
+        explore: float = 0.15,
+        probe_every: int = 8,
     ) -> None:
         self.costs = costs
         self.k = beam_size
         self.shape = shape or PassShape()
         self.margin = margin
+        self.explore = explore
+        self.probe_every = probe_every
+        self._close_calls = 0
 
     def speedup(self, num_sources: int) -> float:
         """Predicted plain ms per step ÷ speculative ms per step, for this batch size."""
@@ -95,7 +110,13 @@ class Planner:
         return p.tau * plain / (spec + s * c.accept_ms)
 
     def speculate(self, num_sources: int) -> bool:
-        return self.speedup(num_sources) > self.margin
+        predicted = self.speedup(num_sources)
+        if predicted > self.margin:
+            return True
+        if predicted < self.margin * (1 - self.explore):
+            return False
+        self._close_calls += 1
+        return self._close_calls % self.probe_every == 0
 
     def observe(self, seen: PassShape, passes: int) -> None:
         """A speculative call's mean pass shape over `passes` passes updates the running one

@@ -13,21 +13,25 @@ REPO = Path(__file__).resolve().parents[2]
 def test_evaluate_side_by_side(tmp_path) -> None:
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "specbeam.evaluate", "model=tiny_random", "hardware.threads=1", "limit=3",
-           "methods=[beam,spec_beam,greedy,spec_greedy]", "batch_sizes=[1,2]", f"output_dir={out}",
+           "methods=[beam,spec_beam:plan=false,greedy,spec_greedy:plan=false]", "batch_sizes=[1,2]",
+           f"output_dir={out}",
            f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "| spec_beam | beam | 1 |" in result.stdout and "BLEU: nrefs:1" in result.stdout
+    # plan=false: speculation at batch 2 is what this test exercises, whatever the planner says.
+    assert (
+        "| spec_beam:plan=false | beam | 1 |" in result.stdout and "BLEU: nrefs:1" in result.stdout
+    )
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert len(rows) == 8
     by_name = {(r["method"], r["batch_size"]): r for r in rows}
     for batch in (1, 2):
-        assert by_name[("spec_beam", batch)]["exact_match"] == 1.0  # exact mode
-        assert by_name[("spec_greedy", batch)]["exact_match"] == 1.0
-        assert by_name[("spec_beam", batch)]["baseline"] == "beam"
-        assert by_name[("spec_greedy", batch)]["baseline"] == "greedy"
+        assert by_name[("spec_beam:plan=false", batch)]["exact_match"] == 1.0  # exact mode
+        assert by_name[("spec_greedy:plan=false", batch)]["exact_match"] == 1.0
+        assert by_name[("spec_beam:plan=false", batch)]["baseline"] == "beam"
+        assert by_name[("spec_greedy:plan=false", batch)]["baseline"] == "greedy"
         assert by_name[("beam", batch)]["speedup"] == 1.0
-        assert by_name[("spec_beam", batch)]["target_passes_per_sentence"] > 0
+        assert by_name[("spec_beam:plan=false", batch)]["target_passes_per_sentence"] > 0
     assert (out / "results.csv").read_text().count("\n") == 9
     assert (out / "speedup_tau.png").stat().st_size > 0 and (
         out / "throughput.png"

@@ -159,7 +159,8 @@ def test_equivalence_with_trained_draft(seed, tiny_target, tiny_draft, vocab_inf
 def test_plain_search_without_a_draft_is_fairseq2s(seed, tiny_target, vocab_info) -> None:
     """No draft: specbeam's own beam search, one step per target call on the lean path
     (the planner's fallback), and through fairseq2's modules for the odd seeds."""
-    result = run_both(Case.draw(seed), tiny_target, None, vocab_info, lean_target=seed % 2 == 0)
+    options = {"lean_target": seed % 2 == 0, "plain": "lean"}  # "auto" would use fairseq2's
+    result = run_both(Case.draw(seed), tiny_target, None, vocab_info, **options)
     if result is not None:
         base, plain = result
         assert_same(base, plain)

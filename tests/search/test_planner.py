@@ -32,9 +32,19 @@ def test_compute_bound_batches_run_plain() -> None:
     planner = Planner(CPU, beam_size=5, shape=PassShape(tau=2.5))
     assert planner.speculate(1)
     assert not planner.speculate(16)
-    assert [planner.speculate(n) for n in range(1, 17)] == sorted(
-        (planner.speculate(n) for n in range(1, 17)), reverse=True
-    )  # once plain wins, it wins at every larger batch
+    speedups = [planner.speedup(n) for n in range(1, 17)]
+    assert speedups == sorted(speedups, reverse=True)  # once plain wins, at every larger batch
+
+
+def test_close_calls_probe_speculation_to_keep_tau_current() -> None:
+    """A prediction just below the margin speculates on every 8th call (τ is only seen
+    while speculating); a clear loss never does."""
+    planner = Planner(CPU, beam_size=5, shape=PassShape(tau=1.0))
+    planner.shape.tau = 0.95 / planner.speedup(1)  # the speedup is proportional to τ
+    assert planner.speedup(1) == pytest.approx(0.95)
+    assert [planner.speculate(1) for _ in range(16)].count(True) == 2
+    assert planner.speedup(16) < 0.85
+    assert not any(planner.speculate(16) for _ in range(16))
 
 
 def test_observed_passes_move_the_running_shape() -> None:
