@@ -26,6 +26,7 @@ from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import translate_texts
 from specbeam.apps.paths import REPO_ROOT
+from specbeam.apps.split import Split, Splitter, flatten, join
 from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines
 from specbeam.search.generator import SpeculativeGeneratorOutput
 
@@ -46,8 +47,15 @@ class TranslateConfig(PipelineConfig):
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
     compare: str | None = None
-    """A decoding (e.g. beam) to time against this one afterwards on the same lines, one
-    sentence at a time, interleaved: prints the speedup and how many outputs are identical."""
+    """A decoding (e.g. beam) to time against this one afterwards on the same lines (the
+    same pieces of split lines), one at a time, interleaved: prints the speedup and how
+    many outputs are identical."""
+    split_above_tokens: int = 50
+    """A line longer than this many SentencePiece pieces is split into sentences (then at
+    clause punctuation, then by a token window), its pieces translated in the same batches
+    as other lines and their translations joined with a space (specbeam/apps/split.py);
+    conf/translate.yaml says why 50. 0 = off: a line is decoded whole, and one above the
+    model's source length is cut to it, with a warning."""
 
 
 ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
@@ -58,6 +66,7 @@ _SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperat
 
 def translate(cfg: TranslateConfig) -> None:
     tokenizer, generator = cfg.build()
+    splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
     every_line = read_lines(cfg.input, cfg.input_errors)
     first, end = shard_range(cfg.shard, len(every_line))
     lines = every_line[first:end]
@@ -71,9 +80,13 @@ def translate(cfg: TranslateConfig) -> None:
     bar = tqdm(
         total=len(lines), initial=out.done, unit="line", file=sys.stderr, disable=cfg.output == "-"
     )
+    split_lines: list[dict] = []
     try:
         for begin in range(out.done, len(lines), cfg.chunk_lines):
-            texts, records = translate_chunk(cfg, tokenizer, generator, lines, begin, first)
+            texts, records = translate_chunk(
+                cfg, tokenizer, generator, splitter, lines, begin, first
+            )
+            split_lines += [r for r in records if "pieces" in r]
             if stats is not None:
                 stats.write([json.dumps(r) for r in records])
             out.write(texts)
@@ -92,11 +105,29 @@ def translate(cfg: TranslateConfig) -> None:
     out.finish()
     if stats is not None:
         stats.finish()
+    if split_lines:
+        warn_split(split_lines, cfg.split_above_tokens)
     if cfg.compare:
-        print(
-            compare_line(cfg, tokenizer, generator, [t for t in lines if t.strip()]),
-            file=sys.stderr,
-        )
+        pieces = [p for t in lines if t.strip() for p in splitter(t).pieces]
+        print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)
+
+
+def warn_split(records: list[dict], limit: int, named: int = 20) -> None:
+    """One warning per job naming the lines that were split (the stats file has each)."""
+    flag = {True: ", cut without a boundary", False: ""}
+    names = [
+        f"{r['line']} ({r['pieces']} pieces{flag[r['cut_without_boundary']]})"
+        for r in records[:named]
+    ]
+    more = f" and {len(records) - named} more" if len(records) > named else ""
+    log.warning(
+        "split %d lines longer than %d source tokens and joined their pieces' translations: "
+        "lines %s%s",
+        len(records),
+        limit,
+        ", ".join(names),
+        more,
+    )
 
 
 def compare_line(
@@ -132,38 +163,41 @@ def translate_chunk(
     cfg: TranslateConfig,
     tokenizer: Tokenizer,
     generator: Seq2SeqGenerator,
+    splitter: Splitter,
     lines: list[str],
     begin: int,
     line_offset: int,
 ) -> tuple[list[str], list[dict]]:
     """Translates lines [begin, begin + chunk_lines): output lines and per-line records
-    (numbered in the whole input: this shard starts after `line_offset` lines)."""
+    (numbered in the whole input: this shard starts after `line_offset` lines). The pieces
+    of all lines go to `translate_texts` together, so that split lines share batches."""
     chunk = lines[begin : begin + cfg.chunk_lines]
     todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
-    records = [{"line": line_offset + begin + i + 1, "blank": True} for i in range(len(chunk))]
+    splits = [splitter(chunk[i]) for i in todo]
+    pieces, starts = flatten(splits)
+    owner = [k for k, s in enumerate(splits) for _ in s.pieces]  # piece -> index in todo
+    number = [line_offset + begin + i + 1 for i in todo]  # index in todo -> line number
+    seconds: list[float] = []  # per batch
+    decoded: list[dict] = [{} for _ in pieces]  # per piece: its batch and search counts
     last = time.perf_counter()
 
     def on_batch(batch: list[int], result: SequenceGeneratorOutput) -> None:
         nonlocal last
         now = time.perf_counter()
-        for row, i in enumerate(batch):
-            record = {
-                "line": line_offset + begin + todo[i] + 1,
-                "batch_size": len(batch),
-                "batch_seconds": now - last,
-            }
+        seconds.append(now - last)
+        for row, p in enumerate(batch):
+            piece = {"batch": len(seconds) - 1, "batch_size": len(batch)}
             if isinstance(result, SpeculativeGeneratorOutput):
                 if result.stats.plain_sources:  # a batch above decoding.max_speculative_batch
-                    record["plain"] = True
+                    piece["plain"] = True
                 else:
-                    passes = result.stats.passes_per_source[row]
-                    steps = result.stats.steps_per_source[row]
-                    record.update(target_passes=passes, steps=steps, tau=steps / max(passes, 1))
-            records[todo[i]] = record
+                    piece["target_passes"] = result.stats.passes_per_source[row]
+                    piece["steps"] = result.stats.steps_per_source[row]
+            decoded[p] = piece
         last = now
 
     def on_truncate(indices: list[int]) -> None:
-        numbers = ", ".join(str(line_offset + begin + todo[i] + 1) for i in indices)
+        numbers = ", ".join(str(number[k]) for k in sorted({owner[p] for p in indices}))
         limit = generator.model.max_source_seq_len
         log.warning(
             "lines %s exceed the model's %d source tokens; translated their first %d",
@@ -173,13 +207,36 @@ def translate_chunk(
         )
 
     translations = translate_texts(
-        generator, tokenizer, [chunk[i] for i in todo], cfg.task.src_lang, cfg.task.tgt_lang,
+        generator, tokenizer, pieces, cfg.task.src_lang, cfg.task.tgt_lang,
         max_tokens=cfg.hardware.batch_tokens, on_batch=on_batch, on_truncate=on_truncate,
     )  # fmt: skip
     texts = [""] * len(chunk)
-    for i, text in zip(todo, translations, strict=True):
-        texts[i] = text
+    records = [{"line": line_offset + begin + i + 1, "blank": True} for i in range(len(chunk))]
+    for k, i in enumerate(todo):
+        a, b = starts[k], starts[k + 1]
+        texts[i] = join(translations[a:b])
+        records[i] = line_record(number[k], splits[k], decoded[a:b], seconds)
     return texts, records
+
+
+def line_record(line: int, split: Split, pieces: list[dict], seconds: list[float]) -> dict:
+    """A line's statistics over its pieces: the largest batch that held one, the time of
+    all those batches, and the speculative search counts summed."""
+    batches = {p["batch"] for p in pieces}
+    record: dict = {
+        "line": line,
+        "batch_size": max(p["batch_size"] for p in pieces),
+        "batch_seconds": sum(seconds[b] for b in batches),
+    }
+    if any("plain" in p for p in pieces):
+        record["plain"] = True
+    if speculative := [p for p in pieces if "target_passes" in p]:
+        passes = sum(p["target_passes"] for p in speculative)
+        steps = sum(p["steps"] for p in speculative)
+        record.update(target_passes=passes, steps=steps, tau=steps / max(passes, 1))
+    if len(split.pieces) > 1:
+        record.update(pieces=len(split.pieces), cut_without_boundary=split.cut_without_boundary)
+    return record
 
 
 @hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="translate")

@@ -24,7 +24,7 @@ from specbeam.apps.calibrate import (
 )
 from specbeam.apps.decoding import load_decoding
 from specbeam.apps.evaluate import EvaluateConfig
-from specbeam.apps.hardware import HardwareConfig
+from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import ModelPairConfig, build_model
 from tests.conftest import TARGET_ARCH, sources
 
@@ -140,3 +140,15 @@ def test_bench_names_missing_checkpoints_in_one_line(monkeypatch) -> None:
         SystemExit, match="checkpoint tasks/none/target.pt does not exist yet.*tiny_random"
     ):
         bench.check_checkpoints(pair)
+
+
+def test_cpu_config_plans_exact_decodings_only() -> None:
+    """hardware=cpu's cost model: exact spec_beam speculates one sentence at a time and runs
+    plain search for batches (compute-bound verification); relaxed is never switched."""
+    hardware = load_hardware("cpu")
+    planner = hardware.planner(hardware.tune(load_decoding("spec_beam")))
+    assert planner is not None and planner.speedup(16) < 0.5 < planner.speedup(1)
+    assert hardware.planner(hardware.tune(load_decoding("relaxed"))) is None
+    assert hardware.planner(load_decoding("spec_beam:plan=false")) is None
+    with pytest.raises(ValueError, match="hardware=gpu9: no .*allowed: cpu"):
+        load_hardware("gpu9")

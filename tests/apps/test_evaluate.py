@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_evaluate_side_by_side(tmp_path) -> None:
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "specbeam.evaluate", "model=tiny_random", "hardware.threads=1", "limit=3",
-           "methods=[beam,spec_beam:plan=false,greedy,spec_greedy:plan=false]", "batch_sizes=[1,2]",
+           'methods=[beam,"spec_beam:plan=false",greedy,"spec_greedy:plan=false"]', "batch_sizes=[1,2]",
            f"output_dir={out}",
            f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)

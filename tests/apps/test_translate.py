@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.inference import encodable
+from specbeam.apps.split import Splitter, join
 from specbeam.apps.task import TaskConfig
 from specbeam.apps.translate import TranslateConfig, translate_chunk
 from specbeam.integration.models import build_model
@@ -212,7 +214,7 @@ def test_overlong_line_is_truncated_with_a_warning(tmp_path) -> None:
     source.write_text("Hola.\n" + "palabra " * 300 + "\nAdiós.\n", encoding="utf-8")
     out = tmp_path / "long.en"
     small = ["model.random_target_arch.max_seq_len=64", "model.random_draft_arch.max_seq_len=64"]
-    result = run(tmp_path, f"input={source}", f"output={out}", *small)
+    result = run(tmp_path, f"input={source}", f"output={out}", "split_above_tokens=0", *small)
     assert result.returncode == 0, result.stderr
     assert "lines 2 exceed the model's 64 source tokens" in result.stderr
     assert out.read_text(encoding="utf-8").count("\n") == 3
@@ -272,8 +274,9 @@ def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines,
     encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
     decode = tokenizer.create_decoder(skip_special_tokens=True)
     spec = _Recorder(generators["spec_beam"], decode)
-    texts, records = translate_chunk(cfg, tokenizer, spec, lines, 0, 0)
-    beam_texts, _ = translate_chunk(cfg, tokenizer, generators["beam"], lines, 0, 0)
+    splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
+    texts, records = translate_chunk(cfg, tokenizer, spec, splitter, lines, 0, 0)
+    beam_texts, _ = translate_chunk(cfg, tokenizer, generators["beam"], splitter, lines, 0, 0)
     assert len(texts) == len(lines) and texts == beam_texts
     assert [r["line"] for r in records] == list(range(1, len(lines) + 1))
     limit = spec.model.max_source_seq_len
@@ -282,10 +285,13 @@ def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines,
         if not line.strip():
             assert text == ""
             continue
-        tokens = encode(encodable(line))
-        if len(tokens) > limit:
-            tokens = torch.cat([tokens[: limit - 1], tokens[-1:]])
-        assert text in spec.seen[tuple(tokens.tolist())]  # this line's own translation
+        own = []  # the translations each of this line's pieces got
+        for piece in splitter(line).pieces:
+            tokens = encode(encodable(piece))
+            if len(tokens) > limit:
+                tokens = torch.cat([tokens[: limit - 1], tokens[-1:]])
+            own.append(spec.seen[tuple(tokens.tolist())])
+        assert text in {join(choice) for choice in itertools.product(*own)}
 
 
 def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file) -> None:

@@ -307,6 +307,7 @@ def test_recipe_selects_generator_by_name(
     overrides = [
         f"seq2seq_generator.name={name}",
         "seq2seq_generator.config.draft_model=specbeam_test_draft",
+        "seq2seq_generator.config.hardware=null",  # always speculate: that is what is tested
         "seq2seq_generator.config.gamma=3",
         "seq2seq_generator.config.beam_size=3",  # speculative_greedy ignores it
         "seq2seq_generator.config.max_gen_len=24",
@@ -340,6 +341,7 @@ def test_recipe_builds_a_shallow_draft_over_its_own_model(
     overrides = [
         "seq2seq_generator.name=speculative_beam_search",
         "seq2seq_generator.config.draft_model=specbeam_test_shallow",
+        "seq2seq_generator.config.hardware=null",  # always speculate: that is what is tested
         "seq2seq_generator.config.gamma=3",
         "seq2seq_generator.config.beam_size=3",
         "seq2seq_generator.config.max_gen_len=24",
