@@ -37,6 +37,7 @@ from specbeam.apps.calibrate import (
     PassProfile,
     fit_linear,
     measure_call_costs,
+    predict_speedup,
     step_ms,
 )
 from specbeam.apps.compare import MethodRun, run_side_by_side
@@ -285,10 +286,8 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     always = single["spec_beam_always"]
     profile = PassProfile.of(always.stats)
     lean_step = 1000 * single["beam_lean"].total_seconds / max(single["beam"].generator.calls, 1)
-    predicted = profile.tau * lean_step / (
-        cost.verify.ms(profile.slots) + profile.draft_calls * cost.draft.ms(profile.draft_slots)
-        + profile.accept_ms
-    )  # fmt: skip
+    # Speculation against the plain search it replaces: specbeam's lean one.
+    predicted = predict_speedup(dataclasses.replace(cost, step_ms=lean_step), profile)
     beam, lean, planned = single["beam"], single["beam_lean"], single["spec_beam"]
     k = spec.beam_size
     sent_s = {m: len(sources) / r.total_seconds for m, r in batched.items()}

@@ -188,7 +188,7 @@ def translate_chunk(
         for row, p in enumerate(batch):
             piece = {"batch": len(seconds) - 1, "batch_size": len(batch)}
             if isinstance(result, SpeculativeGeneratorOutput):
-                if result.stats.plain_sources:  # a batch above decoding.max_speculative_batch
+                if result.stats.plain_sources:  # a batch that ran plain beam search
                     piece["plain"] = True
                 else:
                     piece["target_passes"] = result.stats.passes_per_source[row]

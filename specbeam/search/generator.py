@@ -94,8 +94,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     no draft (one step per target call, on the lean path); `"fairseq2"` runs fairseq2's
     `BeamSearchSeq2SeqGenerator`; `"auto"` the first for one sentence, the second for more
     (measured on a 2-core CPU: lean 1.04× fairseq2's speed at one sentence, 0.94× at 16,
-    where its per-source attention over all k hypotheses' slots costs more). `lean_target` runs the target's decoder as plain tensor
-    ops (`specbeam.search.lean_decoder`, same numbers within 1e-5) where its layers allow.
+    where its per-source attention over all k hypotheses' slots costs more).
+    `lean_target` runs the target's decoder as plain tensor ops
+    (`specbeam.search.lean_decoder`, same numbers within 1e-5) where its layers allow.
     """
 
     def __init__(
@@ -410,7 +411,6 @@ class _Op:
         self.stats = SpecStats(
             passes_per_source=[0] * num_sources,
             steps_per_source=[0] * num_sources,
-            plain_sources=0 if speculate else num_sources,
         )
 
     def __call__(self) -> SpeculativeGeneratorOutput:

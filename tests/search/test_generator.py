@@ -261,18 +261,24 @@ def test_batches_above_the_limit_run_plain_beam_search(
     )
     beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
     for n, speculative in ((2, True), (3, False)):
-        src, src_layout = pad(sources(seed=40, batch=n), 0)
-        prompts, prompt_layout = pad([NLLB_PROMPT] * n, 0)
-        out = generator(src, src_layout, prompts, prompt_layout)
-        assert_same(beam(src, src_layout, prompts, prompt_layout), out)
-        assert (out.stats.target_passes > 0) == speculative
-        assert out.stats.plain_sources == (0 if speculative else n)
+        assert_plain_iff_not(speculative, generator, beam, batch=n, seed=40)
     assert "more than 2 sentences (decoding.max_speculative_batch) run plain" in caplog.text
     with pytest.raises(ValueError, match="needs exact decoding"):
         SpeculativeBeamSearchSeq2SeqGenerator(
             tiny_target, tiny_draft, vocab_info, relaxation=Relaxation(2, 1.0),
             max_speculative_sources=2,
         )  # fmt: skip
+
+
+def assert_plain_iff_not(speculative: bool, generator, beam, *, batch: int, seed: int) -> None:
+    """One call of `batch` sources: beam search's output, and speculation or plain search
+    (counted as such in the stats) as `speculative` says."""
+    src, src_layout = pad(sources(seed=seed, batch=batch), 0)
+    prompts, prompt_layout = pad([NLLB_PROMPT] * batch, 0)
+    out = generator(src, src_layout, prompts, prompt_layout)
+    assert_same(beam(src, src_layout, prompts, prompt_layout), out)
+    assert (out.stats.target_passes > 0) == speculative
+    assert out.stats.plain_sources == (0 if speculative else batch)
 
 
 def test_bfloat16_draft_keeps_output_exact(tiny_target, tiny_draft, vocab_info) -> None:

@@ -7,12 +7,10 @@ import logging
 import pytest
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
-from specbeam.apps.data import pad
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 from specbeam.search.stats import SpecStats
-from tests.conftest import NLLB_PROMPT, sources
-from tests.search.test_generator import assert_same
+from tests.search.test_generator import assert_plain_iff_not
 
 # This machine's shape (DESIGN.md §8): a call costs 10.3 ms + 0.3 ms per query token.
 CPU = PlanCosts(LinearCost(10.3, 0.3), LinearCost(1.9, 0.03), accept_ms=1.0, plain_step_ms=1.5)
@@ -74,12 +72,7 @@ def test_generator_follows_the_planner(tiny_target, tiny_draft, vocab_info, capl
     )
     beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
     for n, speculative in ((1, True), (16, False)):
-        src, src_layout = pad(sources(seed=41, batch=n), 0)
-        prompts, prompt_layout = pad([NLLB_PROMPT] * n, 0)
-        out = generator(src, src_layout, prompts, prompt_layout)
-        assert_same(beam(src, src_layout, prompts, prompt_layout), out)
-        assert (out.stats.target_passes > 0) == speculative
-        assert out.stats.plain_sources == (0 if speculative else n)
+        assert_plain_iff_not(speculative, generator, beam, batch=n, seed=41)
         if speculative:
             assert planner.shape.tau != 2.5
     assert "the planner prices faster without the draft (16 sentences)" in caplog.text
