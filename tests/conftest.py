@@ -16,6 +16,7 @@ from fairseq2.models.transformer import TransformerModel
 
 from specbeam.apps.data import pad
 from specbeam.integration.models import ModelArch, build_model
+from specbeam.search.head import DraftHead, HeadArch
 
 # Tiny models gain nothing from intra-op threads, and lose a lot when the machine is busy.
 torch.set_num_threads(1)
@@ -95,6 +96,24 @@ def untrained_draft() -> TransformerModel:
 @pytest.fixture(scope="session")
 def copy_draft(tiny_target: TransformerModel) -> TransformerModel:
     return copy.deepcopy(tiny_target).eval()
+
+
+@pytest.fixture(scope="session")
+def untrained_head(tiny_target: TransformerModel) -> DraftHead:
+    """A draft head over the tiny target with a random input projection: it agrees
+    with the target sometimes, by the layers it copied."""
+    torch.manual_seed(3)
+    return DraftHead(tiny_target, HeadArch(num_layers=1)).eval()
+
+
+@pytest.fixture(scope="session")
+def random_head(tiny_target: TransformerModel) -> DraftHead:
+    """Two layers, every weight of its own random: proposals unrelated to the target."""
+    torch.manual_seed(4)
+    head = DraftHead(tiny_target, HeadArch(num_layers=2))
+    for p in head.own_parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return head.eval()
 
 
 def sources(seed: int, batch: int) -> list[torch.Tensor]:

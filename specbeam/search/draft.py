@@ -27,6 +27,7 @@ from torch import Tensor
 from specbeam.search.rules import ScoringRules
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.verify import Verification
 
 DraftStrategy = Literal["beam", "linear", "topm"]
 ChooseChildren = Callable[[Tensor, int, int], tuple[Tensor, Tensor, Tensor]]
@@ -155,6 +156,9 @@ class Drafter:
         # (S, k, c) right-aligned pending chains; all hypotheses of a source share c.
         self.pending = prompt.expand(num_sources, k, -1).clone()
         self.pending_len = torch.full((num_sources,), prompt.size(-1), dtype=torch.int64)
+        # A draft head's parent states for the pending chains, (S, k, c, M); None until
+        # the first verification has computed any.
+        self.pending_features: Tensor | None = None
         self.table: SlotTable | None = None
         self.root_slots: Tensor | None = None
         self.passes = 0
@@ -167,11 +171,19 @@ class Drafter:
         """scores: (S, n) target scores of the live hypotheses."""
         dec, depth = self.decoder, int(self.depths.max())
         num_sources, c = scores.size(0), self.pending.size(-1)
+        if dec.reads_features and self.pending_features is None:
+            # A head drafts from the target's states: none before the first verification.
+            return DraftTree.empty(num_sources)
         width = self.width(n)
         table = SlotTable(num_sources, n * c + (depth - 1) * width, scores.device)
         roots = table.add_chains(self.pending[:, :n], self.pending_len, dec.cache.lens)
-        hidden = dec.forward(*table.query(0, table.size))
-        logits = dec.logits(hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1))))
+        chain_features = (
+            None if self.pending_features is None else self.pending_features[:, :n].flatten(1, 2)
+        )
+        hidden = dec.forward(*table.query(0, table.size), features=chain_features)
+        # The states of the last level's nodes (S, m, M): the roots first.
+        level = hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1)))
+        logits = dec.logits(level)
         tokens, parents, valid, node_scores = [], [], [], []
         parent_slots, cum = roots, scores
         for d in range(depth):
@@ -189,8 +201,14 @@ class Drafter:
             valid.append(score > -torch.inf)
             if d + 1 < depth:
                 begin = table.size
+                features = (
+                    level.gather(1, parent[..., None].expand(-1, -1, level.size(-1)))
+                    if dec.reads_features
+                    else None
+                )
                 parent_slots = table.add_nodes(token, parent_slots.gather(1, parent), valid[-1])
-                logits = dec.logits(dec.forward(*table.query(begin, table.size)))
+                level = dec.forward(*table.query(begin, table.size), features=features)
+                logits = dec.logits(level)
                 cum = score
         self.table, self.root_slots = table, roots
         self.passes += depth
@@ -204,9 +222,19 @@ class Drafter:
         )
         return tree if self.shape.max_nodes is None else tree.limit(self.shape.max_nodes)
 
-    def commit(self, origin: Tensor, node: Tensor, roots: Tensor, tree: DraftTree) -> None:
+    def commit(
+        self,
+        origin: Tensor,
+        node: Tensor,
+        roots: Tensor,
+        tree: DraftTree,
+        verification: Verification,
+    ) -> None:
         """origin, node, roots: (S, k), see `Acceptance`. The draft has decoded every
         tree level but the deepest; a path ending there leaves that node pending."""
+        if self.decoder.reads_features:
+            self._commit_head(origin, node, roots, verification)
+            return
         assert self.table is not None and self.root_slots is not None
         table, width, chain = (
             self.table,
@@ -227,6 +255,32 @@ class Drafter:
         self.pending_len = 1 + deepest[:, 0].long()
         self.table = self.root_slots = None
 
+    def _commit_head(
+        self, origin: Tensor, node: Tensor, roots: Tensor, verification: Verification
+    ) -> None:
+        """A head keeps each origin's pending chain, decoded from the target's states. Its
+        tree was decoded from the head's own predictions, so the accepted path is decoded
+        again, from the states verification computed for it: the next pending chain."""
+        if self.table is not None and self.root_slots is not None:
+            rows = torch.arange(origin.size(0))[:, None]
+            keep = self.table.visible[rows, self.root_slots.gather(1, origin), : self.table.size]
+            self.decoder.cache.commit(origin, keep)
+        path = verification.path_slots(origin, node)  # (S, k, L)
+        on_path = path >= 0
+        rows3 = torch.arange(path.size(0))[:, None, None]
+        tokens = verification.table.tokens[rows3, path.clamp(min=0)]
+        states = verification.hidden[rows3, path.clamp(min=0)].masked_fill(~on_path[..., None], 0)
+        states = states.to(self.decoder.dtype)
+        first = self.pending_features is None
+        if first:  # the whole prompt; its first token has no state before it
+            states = torch.cat([torch.zeros_like(states[:, :, :1]), states], dim=2)
+        else:  # the origin's root heads the path, and the head's cache has it already
+            tokens = tokens[..., 1:]
+        self.pending = torch.cat([tokens, roots[..., None]], dim=-1)
+        self.pending_features = states
+        self.pending_len = on_path[:, 0].sum(-1) + int(first)
+        self.table = self.root_slots = None
+
     def adapt(self, steps: Tensor) -> None:
         """steps: (S,) beam-search steps each source advanced in the last pass. A source
         that took every level drafts one deeper; else halfway down to the steps it took."""
@@ -241,6 +295,8 @@ class Drafter:
         self.depths = self.depths.index_select(0, keep)
         self.pending = self.pending.index_select(0, keep)
         self.pending_len = self.pending_len.index_select(0, keep)
+        if self.pending_features is not None:
+            self.pending_features = self.pending_features.index_select(0, keep)
 
 
 def children(shape: DraftShape, cand: Tensor, width: int, d: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -38,10 +38,12 @@ from typing_extensions import override
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.draft import Drafter, DraftShape, DraftStrategy
+from specbeam.search.head import DraftHead
 from specbeam.search.memory import (
     DecoderSize,
     cache_capacity,
     checked_increment,
+    head_chain_len,
     fit_budget,
     source_bytes,
 )
@@ -102,7 +104,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     def __init__(
         self,
         model: Seq2SeqModel,
-        draft_model: Seq2SeqModel | None,
+        draft_model: Seq2SeqModel | DraftHead | None,
         target_vocab_info: VocabularyInfo,
         algo: BeamSearchAlgorithm | None = None,
         *,
@@ -217,8 +219,12 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         return self._model
 
     @property
-    def draft_model(self) -> Seq2SeqModel | None:
+    def draft_model(self) -> Seq2SeqModel | DraftHead | None:
         return self._draft_model
+
+    @property
+    def drafts_with_head(self) -> bool:
+        return isinstance(self._draft_model, DraftHead)
 
     @override
     def register_step_hook(self, hook: StepHook) -> RemovableHandle:
@@ -381,7 +387,8 @@ class _Op:
             step_processors=gen._step_processors,
         )
         depth = shape.max_depth if speculate else 0
-        capacity = cache_capacity(max_seq_len, prompt_len, k, depth, width)
+        chain_len = head_chain_len(prompt_len, depth) if gen.drafts_with_head else prompt_len
+        capacity = cache_capacity(max_seq_len, chain_len, k, depth, width)
         if speculate:
             assert gen.draft_model is not None
             target, draft = TreeDecoder.pair(
@@ -436,7 +443,9 @@ class _Op:
             with stats.timed("commit"):
                 self.verifier.commit(verification, acceptance.origin, acceptance.node)
                 if self.drafter is not None:
-                    self.drafter.commit(acceptance.origin, acceptance.node, acceptance.roots, tree)
+                    self.drafter.commit(
+                        acceptance.origin, acceptance.node, acceptance.roots, tree, verification
+                    )
                     self.drafter.adapt(acceptance.steps)
             stats.record_pass(
                 state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted

@@ -37,6 +37,12 @@ def speculative_slots(k: int, prompt_len: int, depth: int, width: int) -> int:
     return k * max(prompt_len, 2) + depth * width
 
 
+def head_chain_len(prompt_len: int, depth: int) -> int:
+    """A draft head's longest pending chain (its `prompt_len` for the functions here):
+    the prompt and first token after the first pass, then up to depth + 1 accepted tokens."""
+    return max(prompt_len + 1, depth + 1)
+
+
 def cache_capacity(max_seq_len: int, prompt_len: int, k: int, depth: int, width: int) -> int:
     """Cache positions per hypothesis: the longest sequence plus one pass's slots."""
     return max_seq_len + -(-speculative_slots(k, prompt_len, depth, width) // k) + 1

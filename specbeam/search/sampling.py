@@ -36,7 +36,8 @@ from typing_extensions import override
 
 from specbeam.search.draft import Drafter, DraftShape
 from specbeam.search.generator import SpeculativeGeneratorOutput
-from specbeam.search.memory import cache_capacity, checked_increment
+from specbeam.search.head import DraftHead
+from specbeam.search.memory import cache_capacity, checked_increment, head_chain_len
 from specbeam.search.rules import ScoringRules, length_limits
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree import DraftTree
@@ -153,7 +154,7 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
     def __init__(
         self,
         model: Seq2SeqModel,
-        draft_model: Seq2SeqModel,
+        draft_model: Seq2SeqModel | DraftHead,
         target_vocab_info: VocabularyInfo,
         sampler: Sampler,
         *,
@@ -266,7 +267,10 @@ class _SampleOp:
         self.rules = TargetRules(
             gen._vocab_info, gen._temperature, gen._unk_penalty, min_seq_len, max_seq_len, gen._filter
         )  # fmt: skip
-        capacity = cache_capacity(max_seq_len, prompt_len, 1, gen._gamma, 1)
+        chain_len = prompt_len
+        if isinstance(gen._draft_model, DraftHead):
+            chain_len = head_chain_len(prompt_len, gen._gamma)
+        capacity = cache_capacity(max_seq_len, chain_len, 1, gen._gamma, 1)
         target, draft = TreeDecoder.pair(
             gen.model, gen._draft_model, sources, layout, hyps_per_source=1, capacity=capacity,
             capacity_increment=gen._capacity_increment, lean_draft=gen._lean_draft,
@@ -321,7 +325,7 @@ class _SampleOp:
                 last = (kept - 1)[:, None]  # the last kept node's id (-1: none)
                 origin = torch.zeros_like(last)
                 self.verifier.commit(verification, origin, last)
-                self.drafter.commit(origin, last, token[:, None], tree)
+                self.drafter.commit(origin, last, token[:, None], tree, verification)
             stats.record_pass(state.row_ids // g, kept + 1, tree.num_nodes(), kept)
             stats.verified_slots += verification.logits.shape[0] * verification.logits.shape[1]
             done = token == self.rules.vocab.eos_idx

@@ -27,6 +27,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
+from specbeam.search.head import DraftHead
 from specbeam.search.lean_decoder import LeanDecoder, lean_problem, padding_bias
 from specbeam.search.peak_cache import observe
 
@@ -122,7 +123,7 @@ class TreeDecoder:
     @staticmethod
     def pair(
         target: TransformerModel,
-        draft: TransformerModel,
+        draft: TransformerModel | DraftHead,
         source_seqs: Tensor,
         source_layout: BatchLayout,
         *,
@@ -150,7 +151,7 @@ class TreeDecoder:
 
     def __init__(
         self,
-        model: TransformerModel,
+        model: TransformerModel | DraftHead,
         source_seqs: Tensor,
         source_layout: BatchLayout,
         *,
@@ -172,6 +173,7 @@ class TreeDecoder:
                 "specbeam needs a decoder front-end with token embeddings and sinusoidal positions"
             )
         self.model = model
+        self.head = model if isinstance(model, DraftHead) else None
         self.dtype = dtype = next(model.decoder.parameters()).dtype
         self.bias = TreeBias()
         self._tree_sdpas = [TorchSDPA(self.bias) for _ in model.decoder.layers]
@@ -241,12 +243,27 @@ class TreeDecoder:
         freqs = frontend.pos_encoder.freqs[1 + positions.clamp(0, self.num_positions - 1)]
         return (x.float() + freqs).to(self.dtype)
 
-    def forward(self, tokens: Tensor, positions: Tensor, hyp: Tensor, visible: Tensor) -> Tensor:
+    @property
+    def reads_features(self) -> bool:
+        """A draft head: every slot also reads its parent's (target) decoder state."""
+        return self.head is not None
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        hyp: Tensor,
+        visible: Tensor,
+        features: Tensor | None = None,
+    ) -> Tensor:
         """Decodes T new slots per source; returns their decoder outputs (S, T, M).
 
         tokens, positions, hyp: (S, T); visible: (S, T, spec_len + T) over the slots
-        already in the cache after the last commit, then these.
+        already in the cache after the last commit, then these. features: (S, T, M), the
+        parents' states, for a draft head only.
         """
+        if (features is not None) != self.reads_features:
+            raise ValueError("a draft head needs its parents' states; other decoders take none")
         cache = self.cache
         cache.reserve(tokens.size(1))
         width, k = cache.width, cache.k
@@ -257,6 +274,9 @@ class TreeDecoder:
         bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         self.bias.tensor = bias.masked_fill_(~mask, -torch.inf)[:, None]
         x = self.embed(tokens, positions)
+        if self.head is not None:
+            assert features is not None
+            x = self.head.read_features(x, features)
         if self.lean is not None:
             out = self.lean(x, self.bias.tensor, self._source_bias)
             observe(self.model.decoder, self.state_bag)

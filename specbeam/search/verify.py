@@ -17,6 +17,7 @@ class Verification:
     table: SlotTable
     chain_slots: Tensor  # (S, n, c) slots of each hypothesis' pending chain, root last
     node_slots: Tensor  # (S, D, w)
+    hidden: Tensor  # (S, T, M) decoder outputs: a draft head's features
     logits: Tensor  # (S, T, V), T = n * c + D * w
 
     @property
@@ -35,6 +36,15 @@ class Verification:
             return own_root
         return torch.where(node < 0, own_root, nodes.gather(1, node.clamp(min=0)))
 
+    def path_slots(self, origin: Tensor, node: Tensor) -> Tensor:
+        """(S, k, L): the slots of each new hypothesis' verified path (its origin's
+        pending chain, then tree nodes down to `node`) in order, right-aligned, -1 before."""
+        table = self.table
+        slot = self.slot_of(origin, node)
+        visible = table.visible[torch.arange(slot.size(0))[:, None], slot, : table.size]
+        order = torch.where(visible, torch.arange(table.size), -1).sort(-1).values
+        return order[..., -int(visible.sum(-1).max()) :]
+
 
 @final
 class Verifier:
@@ -52,7 +62,7 @@ class Verifier:
         # All slots in one projection: at small batches it is bound by reading the
         # (V, M) weights, so projecting per replay step would read them τ times.
         logits = self.decoder.logits(hidden)
-        return Verification(table, chain_slots, node_slots, logits)
+        return Verification(table, chain_slots, node_slots, hidden, logits)
 
     def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
         table = verification.table

@@ -44,6 +44,7 @@ def _accept(second_score: float) -> tuple:
         SlotTable(1, 4, torch.device("cpu")),
         chain_slots=torch.tensor([[[0], [1]]]),
         node_slots=torch.tensor([[[2, 3]]]),
+        hidden=torch.zeros((1, 4, 1)),
         logits=logits,
     )
     tree = DraftTree(

@@ -155,6 +155,16 @@ def test_equivalence_with_trained_draft(seed, tiny_target, tiny_draft, vocab_inf
         assert_same(*result)
 
 
+@pytest.mark.parametrize("seed", range(400, 460))
+def test_equivalence_with_draft_heads(seed, tiny_target, untrained_head, random_head, vocab_info):
+    """EAGLE-style heads read the target's states: the path from the verification
+    into the head's pending chains must never change the output."""
+    head = untrained_head if seed % 2 == 0 else random_head
+    result = run_both(Case.draw(seed), tiny_target, head, vocab_info, lean_draft=seed % 3 != 0)
+    if result is not None:
+        assert_same(*result)
+
+
 @pytest.mark.parametrize("seed", range(260, 320))
 def test_plain_search_without_a_draft_is_fairseq2s(seed, tiny_target, vocab_info) -> None:
     """No draft: specbeam's own beam search, one step per target call on the lean path

@@ -1,0 +1,111 @@
+"""EAGLE-style draft head: decoder layers that read the target's own output states.
+
+A separate draft decoder has to rebuild from the tokens what the target has already
+computed; every verification pass returns the target's decoder output for each node, so
+the head starts from those (EAGLE, HASS). Per slot it reads the token's embedding (the
+target's front-end, frozen) and the parent's target state (after the final norm),
+reduced to the model dimension by `feature_proj`; below the first drafted level the
+parent's state is the head's own prediction. Its layers attend to the head's own cache
+(self-attention) and to the target's encoder output (cross-attention, K/V once per
+sentence). Its output goes through the target's final norm and projection, frozen.
+
+The head exposes the attributes a draft `TransformerModel` has (encoder, front-end,
+decoder, final projection), so the tree decoder runs it like any other draft; the
+encoder, front-end, final norm and projection are the target's modules.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, final
+
+import torch
+from fairseq2.models.transformer import (
+    StandardTransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerModel,
+)
+from fairseq2.nn import Linear
+from torch import Tensor, nn
+
+HEAD_KIND = "draft_head"
+"""The `kind` of a head's checkpoint (`specbeam.integration.models.load_model`)."""
+_OWN = ("feature_proj.", "decoder.layers.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class HeadArch:
+    num_layers: int = 1
+    """Decoder layers, initialised from the target's last ones."""
+
+
+@final
+class DraftHead(nn.Module):
+    """A draft that drafts from the target's states (see the module docstring)."""
+
+    def __init__(self, target: TransformerModel, arch: HeadArch) -> None:
+        super().__init__()
+        if not 1 <= arch.num_layers <= len(target.decoder.layers):
+            raise ValueError(
+                f"a head has 1 to {len(target.decoder.layers)} layers (the target's decoder), "
+                f"not {arch.num_layers}"
+            )
+        dim = target.model_dim
+        self.arch = arch
+        self.model_dim = dim
+        self.pad_idx = target.pad_idx
+        self.max_target_seq_len = target.max_target_seq_len
+        layers: list[TransformerDecoderLayer] = [
+            copy.deepcopy(layer) for layer in list(target.decoder.layers)[-arch.num_layers :]
+        ]
+        dtype = next(target.decoder.parameters()).dtype
+        # [token embedding ; parent state] (2M) -> M
+        self.feature_proj = Linear(2 * dim, dim, bias=True, dtype=dtype)
+        self.decoder = StandardTransformerDecoder(layers, target.decoder.layer_norm)
+        self.encoder_frontend, self.encoder = target.encoder_frontend, target.encoder
+        self.decoder_frontend, self.final_proj = target.decoder_frontend, target.final_proj
+
+    def read_features(self, embedded: Tensor, features: Tensor) -> Tensor:
+        """embedded: (..., M) tokens at their positions; features: (..., M) parent states."""
+        return self.feature_proj(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))
+
+    def own_state_dict(self) -> dict[str, Tensor]:
+        """The head's own weights: what a checkpoint stores (the rest is the target's)."""
+        return {k: v for k, v in self.state_dict().items() if k.startswith(_OWN)}
+
+    def own_parameters(self) -> list[nn.Parameter]:
+        return [p for k, p in self.named_parameters() if k.startswith(_OWN)]
+
+    def cast(self, dtype: torch.dtype) -> DraftHead:
+        """The head's own weights in `dtype`. The target's shared front-end, final norm
+        and projection are copied in that type, never cast: verification stays fp32."""
+        self.feature_proj.to(dtype)
+        self.decoder.layers.to(dtype)
+        if self.decoder.layer_norm is not None and self.decoder.layer_norm.weight.dtype != dtype:
+            # One deepcopy keeps the tied embedding and projection one tensor.
+            frontend, proj, norm = copy.deepcopy(
+                (self.decoder_frontend, self.final_proj, self.decoder.layer_norm)
+            )
+            self.decoder_frontend, self.final_proj = frontend.to(dtype), proj.to(dtype)
+            self.decoder.layer_norm = norm.to(dtype)
+        return self
+
+    def checkpoint(self) -> dict[str, Any]:
+        return {"kind": HEAD_KIND, "arch": asdict(self.arch), "model": self.own_state_dict()}
+
+
+def load_head(ckpt: Mapping[str, Any], target: TransformerModel) -> DraftHead:
+    """A head from `DraftHead.checkpoint()` over `target`, in the target's data type."""
+    head = DraftHead(target, HeadArch(**ckpt["arch"]))
+    own = {k: v.to(next(target.parameters()).dtype) for k, v in ckpt["model"].items()}
+    expected = set(head.own_state_dict())
+    if set(own) != expected:
+        missing, unexpected = sorted(expected - set(own)), sorted(set(own) - expected)
+        raise ValueError(
+            f"checkpoint does not fit a head over this target (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
+    head.load_state_dict(own, strict=False)
+    return head.eval()
