@@ -7,7 +7,7 @@ Paths in the cards are relative to the card file, so a card directory moves with
 checkpoints. A draft trained over its target's encoder (`shallow_over`) has no encoder
 of its own, so no fairseq2 family can build it alone: its card's family is
 `specbeam_shallow_draft`, and specbeam's extension builds it over the recipe's model when
-a generator names it as `draft_model`.
+a generator names it as `draft_model`; a draft head (`specbeam_draft_head`) likewise.
 """
 
 from __future__ import annotations
@@ -25,35 +25,43 @@ from fairseq2.assets import AssetCard
 from fairseq2.assets.store import get_asset_store
 from fairseq2.models.transformer import TransformerModel
 
-from specbeam.integration.models import ModelArch, load_model
+from specbeam.integration.models import Draft, ModelArch, load_model
+from specbeam.search.head import HEAD_KIND
 
 SHALLOW_DRAFT_FAMILY: Final = "specbeam_shallow_draft"
+DRAFT_HEAD_FAMILY: Final = "specbeam_draft_head"
 
 
 def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]:
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    arch = ModelArch(**ckpt["arch"])
-    shallow = ckpt.get("shares_encoder", False)
+    if ckpt.get("kind") == HEAD_KIND:
+        family, config = DRAFT_HEAD_FAMILY, ckpt["arch"]
+    elif ckpt.get("shares_encoder", False):
+        family, config = SHALLOW_DRAFT_FAMILY, asdict(ModelArch(**ckpt["arch"]))
+    else:
+        family, config = "nllb", asdict(ModelArch(**ckpt["arch"]).to_nllb_config())
     return {
         "name": name,
-        "model_family": SHALLOW_DRAFT_FAMILY if shallow else "nllb",
-        "model_config": _plain(asdict(arch if shallow else arch.to_nllb_config())),
+        "model_family": family,
+        "model_config": _plain(config),
         "checkpoint": os.path.relpath(checkpoint.resolve(), card_dir.resolve()),
     }
 
 
-def shallow_draft_path(card: AssetCard) -> Path | None:
-    """The checkpoint of a `specbeam_shallow_draft` card; None for any other card."""
-    if card.field("model_family").as_(str) != SHALLOW_DRAFT_FAMILY:
+def own_draft_path(card: AssetCard) -> Path | None:
+    """The checkpoint of a draft only specbeam can build over its target (a
+    `specbeam_shallow_draft` or `specbeam_draft_head` card); None for any other card."""
+    if card.field("model_family").as_(str) not in (SHALLOW_DRAFT_FAMILY, DRAFT_HEAD_FAMILY):
         return None
     return card.field("checkpoint").as_uri().to_path()
 
 
-def load_draft(name: str, target: TransformerModel) -> TransformerModel:
+def load_draft(name: str, target: TransformerModel) -> Draft:
     """A draft by asset card name, in its target's data type: fairseq2's hub loads a
-    model of a fairseq2 family; a shallow draft is completed with `target`'s encoder."""
+    model of a fairseq2 family; a shallow draft is completed with `target`'s encoder,
+    a head with the target's modules it reads."""
     dtype = next(target.parameters()).dtype
-    path = shallow_draft_path(get_asset_store().retrieve_card(name))
+    path = own_draft_path(get_asset_store().retrieve_card(name))
     if path is not None:
         return load_model(path, dtype, target=target)
     draft = fairseq2.models.load_model(name, dtype=dtype)

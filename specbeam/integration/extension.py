@@ -51,10 +51,16 @@ from torch.nn import Module
 from specbeam.apps.decoding import DecodingConfig
 from specbeam.apps.hardware import load_hardware
 from specbeam.apps.paths import REPO_ROOT
-from specbeam.integration.cards import shallow_draft_path
-from specbeam.integration.models import check_same_pieces, check_same_vocabulary, load_model
+from specbeam.integration.cards import own_draft_path
+from specbeam.integration.models import (
+    Draft,
+    check_same_pieces,
+    check_same_vocabulary,
+    load_model,
+)
 from specbeam.search.draft import DraftShape, draft_keywords
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.head import DraftHead
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 
 SPECULATIVE_BEAM_SEARCH_GENERATOR: Final = "speculative_beam_search"
@@ -238,24 +244,25 @@ class _SpeculativeSeq2SeqGeneratorFactory:
             gamma=config.gamma,
         )
 
-    def _load_pair(self, draft_name: str) -> tuple[TransformerModel, TransformerModel]:
+    def _load_pair(self, draft_name: str) -> tuple[TransformerModel, Draft]:
         """The recipe's model and the draft: both decode trees, so both are Transformers."""
         if not isinstance(self._model, TransformerModel):
             raise_model_type_not_valid_error(self._model, TransformerModel)
 
         return self._model, self._load_draft_model(draft_name, self._model)
 
-    def _load_draft_model(self, name: str, target: TransformerModel) -> TransformerModel:
+    def _load_draft_model(self, name: str, target: TransformerModel) -> Draft:
         """Loads the draft on the recipe's gangs, in the target's data type, frozen."""
         dtype = next(target.parameters()).dtype
 
         card = self._asset_store.retrieve_card(name)
 
-        # A decoder over the target's encoder: only the recipe's model completes it.
-        shallow = shallow_draft_path(card)
+        # A decoder over the target's encoder, or a head over its states: only the
+        # recipe's model completes it.
+        own = own_draft_path(card)
 
-        if shallow is not None:
-            draft_model = load_model(shallow, dtype, target=target)
+        if own is not None:
+            draft_model = load_model(own, dtype, target=target)
         else:
             draft_model = self._model_loader.load(
                 name,
@@ -267,7 +274,7 @@ class _SpeculativeSeq2SeqGeneratorFactory:
                 mmap=False,
             )
 
-        if not isinstance(draft_model, TransformerModel):
+        if not isinstance(draft_model, TransformerModel | DraftHead):
             raise ModelTypeNotValidError(
                 type(draft_model), TransformerModel, section_name="seq2seq_generator"
             )

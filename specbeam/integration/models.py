@@ -20,6 +20,10 @@ from fairseq2.models.transformer import (
 )
 
 from specbeam.apps.paths import REPO_ROOT
+from specbeam.search.head import HEAD_KIND, DraftHead, load_head
+
+Draft = TransformerModel | DraftHead
+"""A draft model: a decoder of its own, or a head over the target's states."""
 
 
 @dataclass(kw_only=True)
@@ -84,11 +88,11 @@ def build_shallow_draft(target: TransformerModel, arch: ModelArch) -> Transforme
     )  # fmt: skip
 
 
-def cast_draft(
-    draft: TransformerModel, target: TransformerModel, dtype: torch.dtype
-) -> TransformerModel:
+def cast_draft(draft: Draft, target: TransformerModel, dtype: torch.dtype) -> Draft:
     """Casts the draft's own modules; an encoder it shares with the target keeps the
     target's precision (verification must stay fp32)."""
+    if isinstance(draft, DraftHead):
+        return draft.cast(dtype)
     if draft.encoder is not target.encoder:
         draft.encoder_frontend.to(dtype)
         draft.encoder.to(dtype)
@@ -133,12 +137,27 @@ def save_model(
     atomic_save({"arch": asdict(arch), "shares_encoder": shares_encoder, "model": state}, path)
 
 
+def save_head(head: DraftHead, path: Path, dtype: torch.dtype) -> None:
+    """The head's own weights only; the target's modules it reads come with the target."""
+    ckpt = head.checkpoint()
+    ckpt["model"] = {k: v.to(dtype) for k, v in ckpt["model"].items()}
+    atomic_save(ckpt, path)
+
+
 def load_model(
     path: Path, dtype: torch.dtype = torch.float32, *, target: TransformerModel | None = None
-) -> TransformerModel:
-    """Loads a checkpoint of `save_model`; a draft saved without its encoder is rebuilt
-    over `target`'s (and keeps that encoder's precision)."""
+) -> Any:
+    """Loads a checkpoint of `save_model` (a `TransformerModel`) or `save_head` (a
+    `DraftHead`); a draft saved without its encoder, and any head, is rebuilt over
+    `target` (whose modules keep their precision)."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if ckpt.get("kind") == HEAD_KIND:
+        if target is None:
+            raise ValueError(f"{path} is a draft head: load it as part of a model pair")
+        try:
+            return load_head(ckpt, target).cast(dtype)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
     arch = ModelArch(**ckpt["arch"])
     if not ckpt.get("shares_encoder", False):
         model = build_model(arch)
@@ -176,9 +195,10 @@ def load_pair(
     with_draft: bool,
     draft_dtype: torch.dtype = torch.float32,
     root: Path = REPO_ROOT,
-) -> tuple[TransformerModel, TransformerModel | None]:
+) -> tuple[TransformerModel, Draft | None]:
     """Loads the target, and the draft when a speculative method will run."""
     target = _load_one(cfg.target, cfg.random_target_arch, root, vocab_size, seed=0)
+    assert isinstance(target, TransformerModel)  # a head cannot load without one
     draft = None
     if with_draft:
         if cfg.draft is None:
@@ -199,7 +219,7 @@ def _load_one(
     vocab_size: int,
     seed: int,
     target: TransformerModel | None = None,
-) -> TransformerModel:
+) -> Draft:
     if spec == "random":
         if arch is None:
             raise ValueError("model: 'random' needs random_target_arch / random_draft_arch")
@@ -216,7 +236,7 @@ def _load_one(
     return load_model(path, target=target)
 
 
-def check_same_vocabulary(target: TransformerModel, draft: TransformerModel) -> None:
+def check_same_vocabulary(target: TransformerModel, draft: Draft) -> None:
     t, d = target.final_proj.output_dim, draft.final_proj.output_dim
     if t != d:
         raise ValueError(f"draft vocabulary ({d} entries) differs from the target's ({t} entries)")

@@ -43,8 +43,8 @@ from specbeam.search.memory import (
     DecoderSize,
     cache_capacity,
     checked_increment,
-    head_chain_len,
     fit_budget,
+    head_chain_len,
     source_bytes,
 )
 from specbeam.search.planner import PassShape, Planner

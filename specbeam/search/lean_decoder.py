@@ -1,15 +1,16 @@
-"""A pre-LN fairseq2 decoder's forward pass as plain tensor ops, for drafting.
+"""A pre-LN fairseq2 decoder's forward pass as plain tensor ops.
 
 A small draft's decoder call is mostly Python: the two d256 layers of the embedded
 draft compute in a fraction of a millisecond, while fairseq2's module stack (sharded
 linears, layouts, bias caches, state-bag lookups) costs as much again, and a pass makes
-one draft call per tree level. The draft's numbers only shape the tree, never the
-output, so it may take this path; the target always runs fairseq2's own modules.
+one draft call per tree level. Drafts, draft heads and (`lean_target`) the target take
+this path; a head's training runs the same layer function, so it learns the arithmetic
+it drafts with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import final
 
 import torch
@@ -70,6 +71,51 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     return out.transpose(1, 2).flatten(2)
 
 
+KeysWith = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""(k, v) of the new slots, each (S, T, H, D) -> all keys and values they attend to."""
+
+
+def decoder_layer(
+    layer: StandardTransformerDecoderLayer,
+    x: Tensor,
+    keys_with: KeysWith,
+    self_bias: Tensor | None,
+    cross: tuple[Tensor, Tensor],
+    cross_bias: Tensor | None,
+) -> Tensor:
+    """One pre-LN layer: x (S, T, M); cross: the source's keys and values (S, K, H, D).
+    Inference appends the new keys to its cache; training a head attends across unrolled
+    drafting steps: `keys_with` says which."""
+    attn = layer.self_attn
+    h = _norm(x, layer.self_attn_layer_norm)
+    q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
+    k = _heads(linear(h, attn.k_proj.weight, attn.k_proj.bias), attn.head_dim)
+    v = _heads(linear(h, attn.v_proj.weight, attn.v_proj.bias), attn.head_dim)
+    out = _attend(q, *keys_with(k, v), self_bias)
+    x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+    attn = layer.encoder_decoder_attn
+    h = _norm(x, layer.encoder_decoder_attn_layer_norm)
+    q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
+    out = _attend(q, *cross, cross_bias)
+    x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+    ffn = layer.ffn
+    h = linear(_norm(x, layer.ffn_layer_norm), ffn.inner_proj.weight, ffn.inner_proj.bias)
+    return x + linear(ffn.inner_activation(h), ffn.output_proj.weight, ffn.output_proj.bias)
+
+
+def cross_keys(attn: StandardMultiheadAttention, encoder_output: Tensor) -> tuple[Tensor, Tensor]:
+    """A cross-attention's keys and values over the encoder output, (S, K, H, D) each."""
+    k = attn.k_proj(encoder_output).unflatten(-1, (-1, attn.head_dim))
+    v = attn.v_proj(encoder_output).unflatten(-1, (-1, attn.head_dim))
+    return k, v
+
+
+def final_norm(decoder: TransformerDecoder, x: Tensor) -> Tensor:
+    norm = decoder.layer_norm
+    assert isinstance(norm, StandardLayerNorm)
+    return _norm(x, norm)
+
+
 @final
 class LeanDecoder:
     """Same arithmetic as fairseq2's decoder (pre-LN layers), reading the same weights
@@ -93,23 +139,16 @@ class LeanDecoder:
         (S, 1, 1, source length) masks source padding, None without padding."""
         layers = self.decoder.layers
         for layer, own, cross in zip(layers, self.self_states, self.cross_states, strict=True):
-            attn = layer.self_attn
-            h = _norm(x, layer.self_attn_layer_norm)
-            q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
-            k = _heads(linear(h, attn.k_proj.weight, attn.k_proj.bias), attn.head_dim)
-            v = _heads(linear(h, attn.v_proj.weight, attn.v_proj.bias), attn.head_dim)
-            own.append(k, v)
-            out = _attend(q, *own.get(), self_bias)
-            x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
-            attn = layer.encoder_decoder_attn
-            h = _norm(x, layer.encoder_decoder_attn_layer_norm)
-            q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
-            out = _attend(q, *cross.get(), cross_bias)
-            x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
-            ffn = layer.ffn
-            h = linear(_norm(x, layer.ffn_layer_norm), ffn.inner_proj.weight, ffn.inner_proj.bias)
-            x = x + linear(ffn.inner_activation(h), ffn.output_proj.weight, ffn.output_proj.bias)
-        return _norm(x, self.decoder.layer_norm)
+            x = decoder_layer(layer, x, _cached(own), self_bias, cross.get(), cross_bias)
+        return final_norm(self.decoder, x)
+
+
+def _cached(state: AttentionState) -> KeysWith:
+    def keys_with(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        state.append(k, v)
+        return state.get()
+
+    return keys_with
 
 
 def padding_bias(

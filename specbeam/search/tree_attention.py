@@ -28,10 +28,20 @@ from typing_extensions import override
 
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
-from specbeam.search.lean_decoder import LeanDecoder, lean_problem, padding_bias
+from specbeam.search.lean_decoder import LeanDecoder, cross_keys, lean_problem, padding_bias
 from specbeam.search.peak_cache import observe
 
 log = logging.getLogger(__name__)
+
+
+def embed_at(frontend: TransformerEmbeddingFrontend, tokens: Tensor, positions: Tensor) -> Tensor:
+    """fairseq2's embedding front-end with explicit positions, in fp32 (...) -> (..., M)."""
+    x = frontend.embed(tokens)
+    if frontend.scale != 1.0:
+        x = x * frontend.scale
+    pos = frontend.pos_encoder
+    assert isinstance(pos, SinusoidalPositionEncoder)
+    return x.float() + pos.freqs[1 + positions.clamp(0, pos.max_seq_len - 1)]
 
 
 @final
@@ -177,7 +187,6 @@ class TreeDecoder:
         self.dtype = dtype = next(model.decoder.parameters()).dtype
         self.bias = TreeBias()
         self._tree_sdpas = [TorchSDPA(self.bias) for _ in model.decoder.layers]
-        self.num_positions = frontend.pos_encoder.max_seq_len
         if encoder_output is None:
             encoded, layout = model.encoder_frontend(source_seqs, source_layout)
             encoder_output = model.encoder(encoded, layout)
@@ -215,10 +224,7 @@ class TreeDecoder:
         attn = layer.encoder_decoder_attn
         if attn.k_norm is not None or attn.v_norm is not None or attn.pos_encoder is not None:
             raise NotSupportedError("cross-attention with key norms or positions is not supported")
-        enc = self.encoder_output
-        k = attn.k_proj(enc).unflatten(-1, (-1, attn.head_dim))
-        v = attn.v_proj(enc).unflatten(-1, (-1, attn.head_dim))
-        return CrossAttentionState(k, v)
+        return CrossAttentionState(*cross_keys(attn, self.encoder_output))
 
     @contextmanager
     def _tree_attention(self) -> Iterator[None]:
@@ -235,13 +241,7 @@ class TreeDecoder:
                 layer.self_attn.sdpa = sdpa
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """fairseq2's embedding front-end, with explicit positions."""
-        frontend = self.model.decoder_frontend
-        x = frontend.embed(tokens)
-        if frontend.scale != 1.0:
-            x = x * frontend.scale
-        freqs = frontend.pos_encoder.freqs[1 + positions.clamp(0, self.num_positions - 1)]
-        return (x.float() + freqs).to(self.dtype)
+        return embed_at(self.model.decoder_frontend, tokens, positions).to(self.dtype)
 
     @property
     def reads_features(self) -> bool:

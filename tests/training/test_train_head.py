@@ -1,0 +1,85 @@
+"""The head's training forward is its drafting forward, and training raises acceptance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbeam.apps.data import TokenizedPair, pad
+from specbeam.search.head import DraftHead, HeadArch
+from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.training.head_data import HeadData, compute_head_data
+from specbeam.training.train_head import head_loss, unrolled_states
+from tests.conftest import synthetic_pair
+
+
+@pytest.fixture(scope="module")
+def data(tiny_target) -> HeadData:
+    gen = torch.Generator().manual_seed(5)
+    pairs = [TokenizedPair(*synthetic_pair(gen)) for _ in range(160)]
+    return compute_head_data(tiny_target, pairs, 0, 8, bf16=False)
+
+
+def test_data_holds_the_targets_states_and_distributions(tiny_target, data) -> None:
+    batch = data.batch([3], 0)
+    length = batch.lens[0]
+    src = data.encoder[data.src_offsets[3] : data.src_offsets[4]]
+    assert batch.encoder.shape[1] == len(src)
+    logits = tiny_target.final_proj(batch.states[0, :length])
+    top = torch.log_softmax(logits, -1).topk(8, -1)
+    assert torch.equal(top.indices, batch.top_idx[0, :length])
+    torch.testing.assert_close(top.values, batch.top_logp[0, :length], atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_training_steps_match_the_drafting_decoder(tiny_target, untrained_head, data, lean):
+    """Step 0 reads the target's states along the prefix, step 1 the head's own state of
+    the parent: the tree decoder, fed as the drafter feeds it, gives the same states."""
+    head: DraftHead = untrained_head
+    row = 7
+    batch = data.batch([row], 0)
+    length = batch.lens[0]
+    with torch.no_grad():
+        step0, step1 = unrolled_states(head, batch, 2)
+        # The encoder output is given; the source only sizes the batch.
+        src, layout = pad([torch.zeros(batch.encoder.size(1), dtype=torch.int64)], 0)
+        dec = TreeDecoder(
+            head, src, layout, hyps_per_source=1, capacity=4 * length,
+            encoder_output=batch.encoder, lean=lean,
+        )  # fmt: skip
+        table = SlotTable(1, 2 * length, torch.device("cpu"))
+        tokens = batch.tokens[:, None, :length]
+        roots = table.add_chains(tokens, torch.tensor([length]), torch.zeros(1, dtype=torch.int64))
+        parents = torch.cat(
+            [torch.zeros_like(batch.states[:, :1]), batch.states[:, : length - 1]], 1
+        )
+        chain = dec.forward(*table.query(0, length), features=parents)
+        torch.testing.assert_close(chain, step0[:, :length], atol=1e-5, rtol=1e-4)
+        # Position t + 1's token as a drafted child of slot t, reading slot t's state.
+        slots = roots[:, :1] - length + 1 + torch.arange(length - 1)
+        table.add_nodes(
+            batch.tokens[:, 1:length], slots, torch.ones(1, length - 1, dtype=torch.bool)
+        )
+        children = dec.forward(*table.query(length, table.size), features=chain[:, : length - 1])
+        torch.testing.assert_close(children, step1[:, 1:length], atol=1e-5, rtol=1e-4)
+
+
+def test_training_lowers_the_loss_and_raises_agreement(tiny_target, data) -> None:
+    torch.manual_seed(0)
+    head = DraftHead(tiny_target, HeadArch(num_layers=1))
+    head.requires_grad_(False)
+    for p in head.own_parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(head.own_parameters(), lr=3e-3)
+    held_out = data.batch(list(range(128, 160)), 0)
+    _, before = head_loss(head, held_out, 2, 0.5)
+    for step in range(60):
+        batch = data.batch([(step * 16 + i) % 128 for i in range(16)], 0)
+        loss, metrics = head_loss(head, batch, 2, 0.5)
+        opt.zero_grad()
+        (loss / metrics[0].positions).backward()
+        opt.step()
+    _, after = head_loss(head, held_out, 2, 0.5)
+    for b, a in zip(before, after, strict=True):
+        assert a.summary()["loss"] < b.summary()["loss"]
+        assert a.summary()["top1"] > b.summary()["top1"] + 0.2
