@@ -1,12 +1,18 @@
-"""The embedded task's draft comparison: for each draft checkpoint, its own parameters, one
-decoder step's cost relative to the target's (beam 5, this CPU, the same call timed for
-both), top-1 and top-k agreement with the target under teacher forcing on dev, its own
-greedy dev BLEU, and τ in exact speculative beam search.
+"""The embedded task's draft comparison: for each draft checkpoint (a draft decoder or a
+draft head), its own parameters, one decoder step's cost relative to the target's (beam 5,
+this CPU, the same call timed for both), top-1 and top-k agreement with the target under
+teacher forcing on dev, its own greedy dev BLEU (drafts that translate alone), τ in
+exact speculative beam search, and the coverage of the target's beam at each depth.
+
+Coverage at depth d: the share of verification passes in which the target's beam took
+step d inside the drafted tree (all k hypotheses it kept were drafted nodes), i.e. the
+passes that advanced more than d steps. Every draft drafts trees of the same shape
+(γ, width), so the counts compare at equal tree size.
 
     .venv/bin/python scripts/compare_drafts.py --target ~/.cache/specbeam/target_final.pt \\
         ref=~/.cache/specbeam/draft_ref/best.pt small_kd=~/.cache/specbeam/draft_small_kd/best.pt
 
-Writes drafts.md and drafts.json to --out.
+Writes drafts.md, drafts.json and drafts.png to --out.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import json
 import sys
 from pathlib import Path
 
+import matplotlib
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from sacrebleu.metrics import BLEU
@@ -28,13 +35,57 @@ from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import translate_texts
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import cast_draft, load_model, num_parameters
+from specbeam.search.head import DraftHead
 from specbeam.training.agreement import measure_agreement
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 def own_parameters(draft: torch.nn.Module, target: torch.nn.Module) -> int:
     """Parameters the draft adds: a shared encoder is the target's."""
     shared = {id(p) for p in target.parameters()}
     return sum(p.numel() for p in draft.parameters() if id(p) not in shared)
+
+
+def greedy_bleu(draft: torch.nn.Module, tokenizer, task: TaskConfig, pairs: list) -> float:  # noqa: ANN001
+    greedy = BeamSearchSeq2SeqGenerator(
+        draft, tokenizer.vocab_info, beam_size=1, max_gen_len=(1.5, 10)
+    )
+    hyps = translate_texts(
+        greedy, tokenizer, [p.source for p in pairs], task.src_lang, task.tgt_lang,
+        max_tokens=4096,
+    )  # fmt: skip
+    return BLEU().corpus_score(hyps, [[p.target for p in pairs]]).score
+
+
+def coverage_by_depth(histogram: dict[int, int], gamma: int) -> list[float]:
+    """Depth d = 1..γ: the share of passes that advanced more than d beam steps."""
+    passes = sum(histogram.values())
+    return [sum(n for s, n in histogram.items() if s > d) / passes for d in range(1, gamma + 1)]
+
+
+def draw(rows: list[dict], path: Path) -> None:
+    fig, (cover_ax, agree_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in rows:
+        depths = range(1, len(r["coverage_by_depth"]) + 1)
+        cover_ax.plot(
+            depths, r["coverage_by_depth"], "o-", label=f"{r['draft']} (τ {r['tau']:.2f})"
+        )
+    cover_ax.set(xlabel="depth", ylabel="coverage of the target's beam", ylim=(0, 1))
+    cover_ax.set_xticks(list(depths))
+    names = [r["draft"] for r in rows]
+    x = range(len(rows))
+    agree_ax.bar([i - 0.2 for i in x], [r["top1_agreement"] for r in rows], 0.4, label="top-1")
+    k = next(key for key in rows[0] if key.startswith("top") and "_in_draft_" in key)
+    agree_ax.bar([i + 0.2 for i in x], [r[k] for r in rows], 0.4, label=k.replace("_", " "))
+    agree_ax.set_xticks(list(x), names)
+    agree_ax.set(ylabel="agreement with the target (dev, teacher forcing)", ylim=(0, 1))
+    for ax in (cover_ax, agree_ax):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -69,13 +120,8 @@ def main() -> None:
         name, path = spec.split("=", 1)
         draft = load_model(Path(path).expanduser(), target=target)
         agree = measure_agreement(target, draft, tokenized, vocab.pad_idx or 0)
-        greedy = BeamSearchSeq2SeqGenerator(draft, vocab, beam_size=1, max_gen_len=(1.5, 10))
         some = dev[: args.bleu_sentences]
-        hyps = translate_texts(
-            greedy, tokenizer, [p.source for p in some], task.src_lang, task.tgt_lang,
-            max_tokens=4096,
-        )  # fmt: skip
-        bleu = BLEU().corpus_score(hyps, [[p.target for p in some]]).score
+        bleu = None if isinstance(draft, DraftHead) else greedy_bleu(draft, tokenizer, task, some)
         fast = cast_draft(draft, target, torch.bfloat16)
         with torch.inference_mode():
             ms = measure_call_costs(
@@ -103,6 +149,7 @@ def main() -> None:
             "greedy_dev_bleu": bleu,
             "bleu_sentences": len(some),
             "tau": run.stats.tau,
+            "coverage_by_depth": coverage_by_depth(run.stats.tau_histogram, decoding.gamma),
             "tau_sentences": args.tau_sentences,
             "gamma": decoding.gamma,
             "draft_width": decoding.draft_width,
@@ -118,19 +165,22 @@ def main() -> None:
         "batch 1.",
         "",
         f"| draft | own params | step ms (target ms) | cost ratio | top-1 agree | {k.replace('_', ' ')} "
-        f"| greedy dev BLEU ({args.bleu_sentences}) | τ |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| greedy dev BLEU ({args.bleu_sentences}) | τ | coverage at depth 1…{decoding.gamma} |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        bleu = "—" if r["greedy_dev_bleu"] is None else f"{r['greedy_dev_bleu']:.2f}"
+        coverage = " / ".join(f"{c:.3f}" for c in r["coverage_by_depth"])
         lines.append(
             f"| {r['draft']} | {r['parameters'] / 1e6:.2f} M{' (+ target encoder)' if r['shares_encoder'] else ''} "
             f"| {r['draft_step_ms']:.2f} ({r['target_step_ms']:.2f}) | {r['step_cost_ratio']:.2f} "
-            f"| {r['top1_agreement']:.3f} | {r[k]:.3f} | {r['greedy_dev_bleu']:.2f} | {r['tau']:.2f} |"
+            f"| {r['top1_agreement']:.3f} | {r[k]:.3f} | {bleu} | {r['tau']:.2f} | {coverage} |"
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "drafts.md").write_text("\n".join(lines) + "\n")
     (out / "drafts.json").write_text(json.dumps(rows, indent=1) + "\n")
+    draw(rows, out / "drafts.png")
     print("\n".join(lines))
 
 

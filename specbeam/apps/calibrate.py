@@ -50,7 +50,7 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.integration.models import Draft, ModelPairConfig, load_pair
 from specbeam.search.planner import LinearCost
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
@@ -107,7 +107,7 @@ class CallTimer:
 
     def __init__(
         self,
-        model: TransformerModel,
+        model: Draft,
         source: Tensor,
         *,
         hyps: int,
@@ -135,8 +135,10 @@ class CallTimer:
         tokens = torch.randint(4, self.vocab_size, (1, chains, length), generator=self.gen)
         table = SlotTable(1, chains * length, tokens.device)
         roots = table.add_chains(tokens, torch.full((1,), length), dec.cache.lens)
+        # A head's parent states: any values cost the same.
+        features = torch.randn((1, table.size, dec.model.model_dim)) if dec.reads_features else None
         started = time.perf_counter()
-        dec.logits(dec.forward(*table.query(0, table.size)))
+        dec.logits(dec.forward(*table.query(0, table.size), features=features))
         seconds = time.perf_counter() - started
         return seconds, table.visible[torch.zeros_like(roots), roots, : table.size]
 
@@ -152,7 +154,7 @@ class CallTimer:
 @torch.inference_mode()
 def measure_call_costs(
     target: TransformerModel,
-    draft: TransformerModel,
+    draft: Draft,
     source: Tensor,
     *,
     hyps: int,

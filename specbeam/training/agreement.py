@@ -8,13 +8,18 @@ all lie in the draft's top `width` (the draft tree's width at one level).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from fairseq2.models.transformer import TransformerModel
+from torch import Tensor
 
 from specbeam.apps.data import TokenizedPair, teacher_forcing, token_batches
+from specbeam.integration.models import Draft
+from specbeam.search.head import DraftHead
+from specbeam.training.head_data import compute_head_data
+from specbeam.training.train_head import unrolled_states
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class Agreement:
 @torch.inference_mode()
 def measure_agreement(
     target: TransformerModel,
-    draft: TransformerModel,
+    draft: Draft,
     pairs: Sequence[TokenizedPair],
     pad_idx: int,
     *,
@@ -37,8 +42,30 @@ def measure_agreement(
     width: int = 10,
     max_tokens: int = 4096,
 ) -> Agreement:
-    """Both models read the same reference prefixes; every non-pad position counts."""
+    """Both models read the same reference prefixes; every non-pad position counts. A
+    head reads the target's states of the prefix (its first drafting level)."""
+    tops = (
+        _head_tops(target, draft, pairs, pad_idx, k, width, max_tokens)
+        if isinstance(draft, DraftHead)
+        else _model_tops(target, draft, pairs, pad_idx, k, width, max_tokens)
+    )
     positions = top1 = covered = 0
+    for t_top, d_top in tops:  # (P, k) and (P, width) token ids, best first
+        positions += len(t_top)
+        top1 += int((t_top[:, 0] == d_top[:, 0]).sum())
+        covered += int((t_top[:, :, None] == d_top[:, None, :]).any(-1).all(-1).sum())
+    return Agreement(positions, top1 / positions, covered / positions, k, width)
+
+
+def _model_tops(
+    target: TransformerModel,
+    draft: TransformerModel,
+    pairs: Sequence[TokenizedPair],
+    pad_idx: int,
+    k: int,
+    width: int,
+    max_tokens: int,
+) -> Iterator[tuple[Tensor, Tensor]]:
     lengths = [len(p.source) + len(p.target) for p in pairs]
     for batch in token_batches(lengths, max_tokens):
         src, src_layout, tgt_in, in_layout, tgt_out = teacher_forcing(
@@ -47,9 +74,21 @@ def measure_agreement(
         mask = tgt_out != pad_idx  # (N, T)
         t_logits = target(src, src_layout, tgt_in, in_layout)[mask].float()  # (P, V)
         d_logits = draft(src, src_layout, tgt_in, in_layout)[mask].float()
-        t_top = t_logits.topk(k, dim=-1).indices  # (P, k)
-        d_top = d_logits.topk(width, dim=-1).indices  # (P, width)
-        positions += len(t_top)
-        top1 += int((t_top[:, 0] == d_top[:, 0]).sum())
-        covered += int((t_top[:, :, None] == d_top[:, None, :]).any(-1).all(-1).sum())
-    return Agreement(positions, top1 / positions, covered / positions, k, width)
+        yield t_logits.topk(k, dim=-1).indices, d_logits.topk(width, dim=-1).indices
+
+
+def _head_tops(
+    target: TransformerModel,
+    head: DraftHead,
+    pairs: Sequence[TokenizedPair],
+    pad_idx: int,
+    k: int,
+    width: int,
+    max_tokens: int,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    data = compute_head_data(target, pairs, pad_idx, k, max_tokens=max_tokens, bf16=False)
+    for batch in token_batches(data.lengths(), max_tokens):
+        rows = data.batch(batch, pad_idx)
+        valid = torch.arange(rows.tokens.size(1))[None, :] < torch.tensor(rows.lens)[:, None]
+        states = unrolled_states(head, rows, 1)[0]
+        yield rows.top_idx[valid], head.final_proj(states[valid]).float().topk(width, -1).indices

@@ -5,6 +5,8 @@
 
 The draft keeps its kind: a decoder over the target's encoder (`shallow_over`) is saved
 without the encoder, and its card's family tells specbeam to complete it with the target's.
+A draft head (`python -m specbeam.train_head`) ships as models/head.pt, card
+`bible_es_en_head`, and replaces models/draft.pt (both would not fit the 100 MB budget).
 """
 
 from __future__ import annotations
@@ -16,18 +18,26 @@ import torch
 
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
-from specbeam.integration.models import ModelArch, load_model, save_model
+from specbeam.integration.models import ModelArch, load_model, save_head, save_model
+from specbeam.search.head import HEAD_KIND, DraftHead
 
 HERE = Path(__file__).resolve().parent
 BUDGET_MB = 100  # target + draft + tokenizer, in 10^6 bytes
 
 
+def is_head(source: Path) -> bool:
+    return torch.load(source, map_location="cpu", weights_only=True).get("kind") == HEAD_KIND
+
+
 def ship(source: Path, out: Path, target_source: Path | None = None) -> None:
     """Writes `source` in fp16 to `out`."""
     ckpt = torch.load(source, map_location="cpu", weights_only=True)
-    shares = bool(ckpt.get("shares_encoder", False))
+    shares = bool(ckpt.get("shares_encoder", False)) or ckpt.get("kind") == HEAD_KIND
     target = load_model(target_source) if shares and target_source else None
     model = load_model(source, target=target)
+    if isinstance(model, DraftHead):
+        save_head(model, out, torch.float16)
+        return
     save_model(model, ModelArch(**ckpt["arch"]), out, torch.float16, shares_encoder=shares)
 
 
@@ -40,17 +50,20 @@ def main() -> None:
     models.mkdir(exist_ok=True)
     ship(args.target.expanduser(), models / "target.pt")
     shipped = [models / "target.pt"]
+    draft_name, draft_file = "bible_es_en_draft", models / "draft.pt"
+    if args.draft and is_head(args.draft.expanduser()):
+        # The head replaces the separate draft: both would not fit the budget.
+        draft_name, draft_file = "bible_es_en_head", models / "head.pt"
+        (models / "draft.pt").unlink(missing_ok=True)
     if args.draft:
-        ship(args.draft.expanduser(), models / "draft.pt", args.target.expanduser())
-        shipped.append(models / "draft.pt")
+        ship(args.draft.expanduser(), draft_file, args.target.expanduser())
+        shipped.append(draft_file)
     task = TaskConfig()
     spm = task.path(task.tokenizer)
     tokenizer = tokenizer_fields(spm, cards_dir, list(task.langs), task.tgt_lang)
     cards = [{**model_card("bible_es_en_target", models / "target.pt", cards_dir), **tokenizer}]
     if args.draft:
-        cards.append(
-            {**model_card("bible_es_en_draft", models / "draft.pt", cards_dir), **tokenizer}
-        )
+        cards.append({**model_card(draft_name, draft_file, cards_dir), **tokenizer})
     write_cards(cards_dir / "bible_es_en.yaml", cards)
     sizes = {p.name: p.stat().st_size / 1e6 for p in (*shipped, spm)}
     total = sum(sizes.values())
