@@ -116,6 +116,32 @@ def random_head(tiny_target: TransformerModel) -> DraftHead:
     return head.eval()
 
 
+@pytest.fixture(scope="session")
+def tiny_head(tiny_target: TransformerModel) -> DraftHead:
+    """A head trained briefly on the tiny target's states (the real trainer's loss)."""
+    from specbeam.apps.data import TokenizedPair
+    from specbeam.training.head_data import compute_head_data
+    from specbeam.training.train_head import head_loss
+
+    gen = torch.Generator().manual_seed(6)
+    pairs = [TokenizedPair(*synthetic_pair(gen)) for _ in range(256)]
+    data = compute_head_data(tiny_target, pairs, 0, 8, bf16=False)
+    torch.manual_seed(5)
+    head = DraftHead(tiny_target, HeadArch(num_layers=1))
+    head.requires_grad_(False)
+    for p in head.own_parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(head.own_parameters(), lr=3e-3)
+    for step in range(120):
+        loss, metrics = head_loss(
+            head, data.batch([(step * 16 + i) % 256 for i in range(16)], 0), 3, 0.5
+        )
+        opt.zero_grad()
+        (loss / metrics[0].positions).backward()
+        opt.step()
+    return head.requires_grad_(False).eval()
+
+
 def sources(seed: int, batch: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [synthetic_pair(gen)[0] for _ in range(batch)]

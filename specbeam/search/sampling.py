@@ -369,7 +369,9 @@ class _SampleOp:
         slots = torch.cat([verification.root_slots, verification.node_slots[:, :, 0]], 1)
         positions = state.step_nr[:, None] + torch.arange(depth + 1)  # (S, D + 1)
         scored, p = self.rules(verification.logits_at(slots), positions)
-        q = torch.stack(self.draw.q, 1) * valid[..., None]  # (S, D, V)
+        # (S, D, V); a draft head's first pass drafts nothing (D = 0)
+        q = torch.stack(self.draw.q, 1) if depth else p.new_zeros((len(rows), 0, p.size(-1)))
+        q = q * valid[..., None]
         px, qx = (
             p[:, :depth].gather(2, tokens[..., None])[..., 0],
             q.gather(2, tokens[..., None])[..., 0],
@@ -377,9 +379,9 @@ class _SampleOp:
         u = torch.rand(qx.shape, generator=self.gen._generator)
         kept = (valid & (u * qx < px)).int().cumprod(1).sum(1)  # (S,) leading accepts
         p_next = p[rows, kept]
-        q_next = torch.cat([q, torch.zeros_like(q[:, :1])], 1)[rows, kept]
+        q_next = torch.cat([q, q.new_zeros((len(rows), 1, q.size(-1)))], 1)[rows, kept]
         nxt = torch.multinomial(residual(p_next, q_next), 1, generator=self.gen._generator)[:, 0]
-        new = torch.cat([tokens, torch.zeros_like(tokens[:, :1])], 1)
+        new = torch.cat([tokens, tokens.new_zeros((len(rows), 1))], 1)
         new[rows, kept] = nxt
         write = torch.arange(depth + 1) <= kept[:, None]  # (S, D + 1)
         state.seqs.scatter_(1, positions, torch.where(write, new, state.seqs.gather(1, positions)))

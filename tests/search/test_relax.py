@@ -67,11 +67,13 @@ def test_bad_settings_are_refused() -> None:
         Relaxation(gap=-1.0).validate()
 
 
+@pytest.mark.parametrize("draft_name", ["tiny_draft", "tiny_head"])
 def test_relaxed_search_advances_further_and_keeps_target_scores(
-    tiny_target, tiny_draft, vocab_info
+    tiny_target, draft_name, request, vocab_info
 ) -> None:
     """More steps per pass than exact search on the same pair, and every output's step
     scores are the target's own log-probs of its tokens (teacher-forced)."""
+    tiny_draft = request.getfixturevalue(draft_name)
     srcs = sources(seed=7, batch=8)
     src, src_layout = pad(srcs, 0)
     prompts, prompt_layout = pad([PROMPT] * 8, 0)

@@ -80,7 +80,7 @@ def draw(target, draft, sampler, temperature, vocab_info, seed: int):
 @pytest.mark.parametrize(
     ("sampler", "temperature"), [(TopKSampler(48), 1.0), (TopPSampler(0.9), 0.8)]
 )
-@pytest.mark.parametrize("draft_name", ["tiny_draft", "untrained_draft"])
+@pytest.mark.parametrize("draft_name", ["tiny_draft", "untrained_draft", "untrained_head"])
 def test_tokens_follow_the_target_distribution(
     sampler, temperature, draft_name, tiny_target, request, vocab_info
 ) -> None:
