@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench.py              # the embedded pair, every 7th test sentence
     .venv/bin/python scripts/bench.py --every 1    # the full test set (about an hour)
     .venv/bin/python scripts/bench.py --hardware calibrated --limit 300
+    .venv/bin/python scripts/bench.py --draft ~/.cache/specbeam/head/best.pt   # another draft
 
 Every comparison runs both methods on the same batches with the same models and threads
 (`specbeam.apps.compare.run_side_by_side`). Efficiency is the measured speedup over the one
@@ -188,7 +189,9 @@ def breakdown_table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def file_runs(lines: list[str], hardware: str, model: str, out: Path, rounds: int) -> Goal:
+def file_runs(
+    lines: list[str], hardware: str, model: ModelPairConfig, out: Path, rounds: int
+) -> Goal:
     """`python -m specbeam.translate input=FILE` with the defaults against `decoding=beam`:
     whole processes, as users run them, interleaved `rounds` times (start-up included)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -201,8 +204,9 @@ def file_runs(lines: list[str], hardware: str, model: str, out: Path, rounds: in
             target = out / f"file_run.{name}.en"
             target.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "specbeam.translate", f"input={source}",
-                   f"output={target}", f"hardware={hardware}", f"model={model}",
-                   f"hydra.run.dir={out}/hydra_{name}", *extra]  # fmt: skip
+                   f"output={target}", f"hardware={hardware}", f"model={model.name}",
+                   f"model.draft={model.draft}", f"hydra.run.dir={out}/hydra_{name}",
+                   *extra]  # fmt: skip
             started = time.perf_counter()
             subprocess.run(cmd, cwd=REPO_ROOT, check=True, capture_output=True)
             seconds[name].append(time.perf_counter() - started)
@@ -274,7 +278,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     )  # fmt: skip
     stages.update()
     file_goal = (
-        file_runs(sources[: settings.file_lines], cfg.hardware.name, cfg.model.name, out, 2)
+        file_runs(sources[: settings.file_lines], cfg.hardware.name, cfg.model, out, 2)
         if settings.file_lines
         else None
     )
@@ -349,6 +353,7 @@ def main() -> None:
     parser.add_argument("--model", help="conf/model/<name>.yaml (default: bible_es_en; "
                         "tiny_random with --quick)")  # fmt: skip
     parser.add_argument("--hardware", default="cpu", help="conf/hardware/<name>.yaml")
+    parser.add_argument("--draft", help="a draft or head checkpoint in place of the model's")
     parser.add_argument("--every", type=int, help="every n-th test sentence (default: 7)")
     parser.add_argument("--limit", type=int, help="at most n sentences (default: all)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_out")
@@ -364,6 +369,8 @@ def main() -> None:
         settings = dataclasses.replace(settings, file_lines=args.file_lines)
     model = args.model or ("tiny_random" if args.quick else "bible_es_en")
     cfg = load_config(model, args.hardware)
+    if args.draft:
+        cfg.model.draft = str(Path(args.draft).expanduser().resolve())
     check_checkpoints(cfg.model)
     torch.manual_seed(0)
     try:
