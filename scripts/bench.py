@@ -205,8 +205,9 @@ def file_runs(
             target.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "specbeam.translate", f"input={source}",
                    f"output={target}", f"hardware={hardware}", f"model={model.name}",
-                   f"model.draft={model.draft}", f"hydra.run.dir={out}/hydra_{name}",
-                   *extra]  # fmt: skip
+                   f"hydra.run.dir={out}/hydra_{name}", *extra]  # fmt: skip
+            if model.draft is not None:
+                cmd.append(f"model.draft={model.draft}")
             started = time.perf_counter()
             subprocess.run(cmd, cwd=REPO_ROOT, check=True, capture_output=True)
             seconds[name].append(time.perf_counter() - started)
