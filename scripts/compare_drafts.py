@@ -30,7 +30,7 @@ from sacrebleu.metrics import BLEU
 
 from specbeam.apps.calibrate import measure_call_costs
 from specbeam.apps.compare import MethodRun, run_side_by_side
-from specbeam.apps.data import tokenize_pairs
+from specbeam.apps.data import target_prompt_len, tokenize_pairs
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import translate_texts
 from specbeam.apps.task import TaskConfig
@@ -119,7 +119,10 @@ def main() -> None:
     for spec in args.drafts:
         name, path = spec.split("=", 1)
         draft = load_model(Path(path).expanduser(), target=target)
-        agree = measure_agreement(target, draft, tokenized, vocab.pad_idx or 0)
+        agree = measure_agreement(
+            target, draft, tokenized, vocab.pad_idx or 0,
+            prompt_len=target_prompt_len(tokenizer, task.tgt_lang),
+        )  # fmt: skip
         some = dev[: args.bleu_sentences]
         bleu = None if isinstance(draft, DraftHead) else greedy_bleu(draft, tokenizer, task, some)
         fast = cast_draft(draft, target, torch.bfloat16)

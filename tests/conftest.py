@@ -125,7 +125,7 @@ def tiny_head(tiny_target: TransformerModel) -> DraftHead:
 
     gen = torch.Generator().manual_seed(6)
     pairs = [TokenizedPair(*synthetic_pair(gen)) for _ in range(256)]
-    data = compute_head_data(tiny_target, pairs, 0, 8, bf16=False)
+    data = compute_head_data(tiny_target, pairs, 0, 8, prompt_len=1, bf16=False)
     torch.manual_seed(5)
     head = DraftHead(tiny_target, HeadArch(num_layers=1))
     head.requires_grad_(False)

@@ -48,6 +48,12 @@ def tokenize_pairs(
     return [TokenizedPair(src_enc(p.source), tgt_enc(p.target)) for p in pairs]
 
 
+def target_prompt_len(tokenizer: Tokenizer, tgt_lang: str) -> int:
+    """Tokens the target encoder puts before a sentence (NLLB: `</s> __lang__`): the
+    prompt generation starts from."""
+    return len(tokenizer.create_encoder(lang=tgt_lang, mode="target")("")) - 1
+
+
 def pad(seqs: Sequence[Tensor], pad_idx: int) -> tuple[Tensor, BatchLayout]:
     lens = [len(s) for s in seqs]
     out = torch.full((len(seqs), max(lens)), pad_idx, dtype=torch.int64)

@@ -156,9 +156,15 @@ class Drafter:
         # (S, k, c) right-aligned pending chains; all hypotheses of a source share c.
         self.pending = prompt.expand(num_sources, k, -1).clone()
         self.pending_len = torch.full((num_sources,), prompt.size(-1), dtype=torch.int64)
-        # A draft head's parent states for the pending chains, (S, k, c, M); None until
-        # the first verification has computed any.
+        # A draft head's parent states for the pending chains, (S, k, c, M). No state
+        # precedes the prompt's tokens (the target has not run yet): they read zeros,
+        # as in the head's training.
         self.pending_features: Tensor | None = None
+        if decoder.reads_features:
+            dim = decoder.model.model_dim
+            self.pending_features = self.pending.new_zeros(
+                (*self.pending.shape, dim), dtype=decoder.dtype
+            )
         self.table: SlotTable | None = None
         self.root_slots: Tensor | None = None
         self.passes = 0
@@ -171,9 +177,6 @@ class Drafter:
         """scores: (S, n) target scores of the live hypotheses."""
         dec, depth = self.decoder, int(self.depths.max())
         num_sources, c = scores.size(0), self.pending.size(-1)
-        if dec.reads_features and self.pending_features is None:
-            # A head drafts from the target's states: none before the first verification.
-            return DraftTree.empty(num_sources)
         width = self.width(n)
         table = SlotTable(num_sources, n * c + (depth - 1) * width, scores.device)
         roots = table.add_chains(self.pending[:, :n], self.pending_len, dec.cache.lens)
@@ -258,27 +261,22 @@ class Drafter:
     def _commit_head(
         self, origin: Tensor, node: Tensor, roots: Tensor, verification: Verification
     ) -> None:
-        """A head keeps each origin's pending chain, decoded from the target's states. Its
-        tree was decoded from the head's own predictions, so the accepted path is decoded
-        again, from the states verification computed for it: the next pending chain."""
-        if self.table is not None and self.root_slots is not None:
-            rows = torch.arange(origin.size(0))[:, None]
-            keep = self.table.visible[rows, self.root_slots.gather(1, origin), : self.table.size]
-            self.decoder.cache.commit(origin, keep)
-        path = verification.path_slots(origin, node)  # (S, k, L)
-        on_path = path >= 0
-        rows3 = torch.arange(path.size(0))[:, None, None]
-        tokens = verification.table.tokens[rows3, path.clamp(min=0)]
-        states = verification.hidden[rows3, path.clamp(min=0)].masked_fill(~on_path[..., None], 0)
-        states = states.to(self.decoder.dtype)
-        first = self.pending_features is None
-        if first:  # the whole prompt; its first token has no state before it
-            states = torch.cat([torch.zeros_like(states[:, :, :1]), states], dim=2)
-        else:  # the origin's root heads the path, and the head's cache has it already
-            tokens = tokens[..., 1:]
+        """A head keeps each origin's pending chain, decoded already. Its tree was decoded
+        from the head's own predicted states, so the accepted nodes are decoded again,
+        from the states verification computed for their parents: the next pending chain
+        (the nodes, then the new root)."""
+        assert self.table is not None and self.root_slots is not None
+        rows = torch.arange(origin.size(0))[:, None]
+        keep = self.table.visible[rows, self.root_slots.gather(1, origin), : self.table.size]
+        self.decoder.cache.commit(origin, keep)
+        path = verification.path_slots(origin, node)  # (S, k, L): c chain links, then nodes
+        c = verification.chain_slots.size(-1)
+        rows3 = rows[..., None]
+        tokens = verification.table.tokens[rows3, path[..., c:].clamp(min=0)]
+        states = verification.hidden[rows3, path[..., c - 1 :].clamp(min=0)]
         self.pending = torch.cat([tokens, roots[..., None]], dim=-1)
-        self.pending_features = states
-        self.pending_len = on_path[:, 0].sum(-1) + int(first)
+        self.pending_features = states.to(self.decoder.dtype)
+        self.pending_len = (path[:, 0] >= 0).sum(-1) - c + 1
         self.table = self.root_slots = None
 
     def adapt(self, steps: Tensor) -> None:

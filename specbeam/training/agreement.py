@@ -41,14 +41,17 @@ def measure_agreement(
     k: int = 5,
     width: int = 10,
     max_tokens: int = 4096,
+    prompt_len: int | None = None,
 ) -> Agreement:
     """Both models read the same reference prefixes; every non-pad position counts. A
-    head reads the target's states of the prefix (its first drafting level)."""
-    tops = (
-        _head_tops(target, draft, pairs, pad_idx, k, width, max_tokens)
-        if isinstance(draft, DraftHead)
-        else _model_tops(target, draft, pairs, pad_idx, k, width, max_tokens)
-    )
+    head reads the target's states of the prefix (its first drafting level); its
+    positions start at the last of the `prompt_len` prompt tokens."""
+    if isinstance(draft, DraftHead):
+        if prompt_len is None:
+            raise ValueError("a head's agreement needs the prompt length (`prompt_len`)")
+        tops = _head_tops(target, draft, pairs, pad_idx, k, width, max_tokens, prompt_len)
+    else:
+        tops = _model_tops(target, draft, pairs, pad_idx, k, width, max_tokens)
     positions = top1 = covered = 0
     for t_top, d_top in tops:  # (P, k) and (P, width) token ids, best first
         positions += len(t_top)
@@ -85,10 +88,14 @@ def _head_tops(
     k: int,
     width: int,
     max_tokens: int,
+    prompt_len: int,
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    data = compute_head_data(target, pairs, pad_idx, k, max_tokens=max_tokens, bf16=False)
+    data = compute_head_data(
+        target, pairs, pad_idx, k, prompt_len=prompt_len, max_tokens=max_tokens, bf16=False
+    )
     for batch in token_batches(data.lengths(), max_tokens):
         rows = data.batch(batch, pad_idx)
-        valid = torch.arange(rows.tokens.size(1))[None, :] < torch.tensor(rows.lens)[:, None]
+        positions = torch.arange(rows.tokens.size(1))[None, :]
+        valid = (positions >= prompt_len - 1) & (positions < torch.tensor(rows.lens)[:, None])
         states = unrolled_states(head, rows, 1)[0]
         yield rows.top_idx[valid], head.final_proj(states[valid]).float().topk(width, -1).indices

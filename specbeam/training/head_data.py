@@ -36,6 +36,7 @@ class HeadBatch:
     top_logp: Tensor  # (N, T, k) their log-probabilities
     encoder: Tensor  # (N, S, M) the target's encoder output
     source_layout: BatchLayout
+    prompt_len: int  # leading tokens of every row that generation starts from
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class HeadData:
     tgt_offsets: Tensor  # (n + 1,) int64
     encoder: Tensor  # (Q, M) float16
     src_offsets: Tensor  # (n + 1,) int64
+    prompt_len: int
 
     def __len__(self) -> int:
         return len(self.tgt_offsets) - 1
@@ -76,7 +78,7 @@ class HeadData:
             top_logp[r, : e - s] = self.top_logp[s:e]
             encoder[r, : b - a] = self.encoder[a:b]
         layout = BatchLayout.of(encoder, src_lens)
-        return HeadBatch(tokens, lens, states, top_idx, top_logp, encoder, layout)
+        return HeadBatch(tokens, lens, states, top_idx, top_logp, encoder, layout, self.prompt_len)
 
 
 @torch.inference_mode()
@@ -86,9 +88,11 @@ def compute_head_data(
     pad_idx: int,
     k: int,
     *,
+    prompt_len: int,
     max_tokens: int = 6000,
     bf16: bool = True,
 ) -> HeadData:
+    """`prompt_len`: the targets' leading tokens that generation starts from."""
     tgt_lens = torch.tensor([len(p.target) - 1 for p in pairs])
     src_lens = torch.tensor([len(p.source) for p in pairs])
     tgt_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), tgt_lens.cumsum(0)])
@@ -102,6 +106,7 @@ def compute_head_data(
         tgt_offsets=tgt_offsets,
         encoder=torch.zeros((int(src_offsets[-1]), dim), dtype=torch.float16),
         src_offsets=src_offsets,
+        prompt_len=prompt_len,
     )
     batches = token_batches([len(p.source) + len(p.target) for p in pairs], max_tokens)
     for batch in tqdm(batches, desc="target states", unit="batch", mininterval=30):
@@ -131,11 +136,12 @@ def load_or_compute(
     pad_idx: int,
     k: int,
     *,
+    prompt_len: int,
     bf16: bool = True,
 ) -> HeadData:
     """Reuses `path` when it was computed from the same data, target and k; a stale
     file is recomputed, never silently used."""
-    key = fingerprint(pairs, target_path, k)
+    key = fingerprint(pairs, target_path, k) + f":{prompt_len}"
     if path.exists():
         saved = torch.load(path, weights_only=True)
         if saved.pop("fingerprint") == key:
@@ -143,6 +149,6 @@ def load_or_compute(
             return HeadData(**saved)
         log.warning("%s was computed from other data, target or k: recomputing", path)
     target = load_model(target_path).eval()
-    data = compute_head_data(target, pairs, pad_idx, k, bf16=bf16)
+    data = compute_head_data(target, pairs, pad_idx, k, prompt_len=prompt_len, bf16=bf16)
     atomic_save({"fingerprint": key, **data.__dict__}, path)
     return data

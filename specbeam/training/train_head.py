@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.nn.functional import log_softmax, smooth_l1_loss, softmax
 from tqdm import tqdm
 
-from specbeam.apps.data import read_tsv, token_batches, tokenize_pairs
+from specbeam.apps.data import read_tsv, target_prompt_len, token_batches, tokenize_pairs
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import atomic_save, load_model, save_head
@@ -101,7 +101,10 @@ def unrolled_states(head: DraftHead, batch: HeadBatch, unroll: int) -> list[Tens
         batch.source_layout.seq_lens, batch.encoder.size(1), embedded.dtype, tokens.device
     )
     past: list[list[tuple[Tensor, Tensor]]] = [[] for _ in layers]
-    parent = batch.states
+    # No target state precedes a prompt token: the target has not run when the head
+    # drafts the first tree.
+    parent = _shift(batch.states)
+    parent[:, : batch.prompt_len] = 0
     out = []
     for j in range(unroll):
         # Step j at position t drafts below the root at t - j: the prefix up to the root
@@ -109,11 +112,11 @@ def unrolled_states(head: DraftHead, batch: HeadBatch, unroll: int) -> list[Tens
         t, s = positions[:, None], positions[None, :]
         visible = torch.cat([s <= t - j, *[s == t - j + i for i in range(1, j + 1)]], dim=1)
         bias = torch.zeros(visible.shape, dtype=embedded.dtype).masked_fill_(~visible, -torch.inf)
-        x = head.read_features(embedded, _shift(parent))
+        x = head.read_features(embedded, parent)
         for layer, keys, kv in zip(layers, past, cross, strict=True):
             x = decoder_layer(layer, x, _across_steps(keys), bias[None, None], kv, cross_bias)
-        parent = final_norm(head.decoder, x)
-        out.append(parent)
+        out.append(final_norm(head.decoder, x))
+        parent = _shift(out[-1])
     return out
 
 
@@ -153,13 +156,16 @@ class StepMetrics:
 def head_loss(
     head: DraftHead, batch: HeadBatch, unroll: int, state_weight: float
 ) -> tuple[Tensor, list[StepMetrics]]:
-    """Summed over valid positions and steps; step j's positions start at j (a root)."""
+    """Summed over valid positions and steps. Step j at position t drafts below the root
+    at t - j, which is the prompt's last token or later."""
     total, metrics = torch.zeros(()), []
     lens = torch.tensor(batch.lens)
     positions = torch.arange(batch.tokens.size(1))
     target_probs = softmax(batch.top_logp, dim=-1)  # renormalised top k
     for j, states in enumerate(unrolled_states(head, batch, unroll)):
-        valid = (positions[None, :] >= j) & (positions[None, :] < lens[:, None])
+        valid = (positions[None, :] >= j + batch.prompt_len - 1) & (
+            positions[None, :] < lens[:, None]
+        )
         lprobs = log_softmax(head.final_proj(states[valid]).float(), dim=-1)  # (P, V)
         top_idx = batch.top_idx[valid]
         kd = -(target_probs[valid] * lprobs.gather(-1, top_idx)).sum()
@@ -197,7 +203,7 @@ class HeadTrainer:
         target_path = _repo_path(cfg.target)
         self.data: HeadData = head_data.load_or_compute(
             Path(cfg.data_cache).expanduser(), target_path, pairs, self.pad_idx, cfg.top_k,
-            bf16=cfg.bf16,
+            prompt_len=target_prompt_len(tokenizer, cfg.task.tgt_lang), bf16=cfg.bf16,
         )  # fmt: skip
         order = list(range(len(self.data)))
         random.Random(cfg.seed).shuffle(order)

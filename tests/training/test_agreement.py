@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specbeam.apps.data import TokenizedPair
@@ -38,3 +39,15 @@ def test_weaker_drafts_agree_less_and_a_wider_top_covers_more(
 def test_k_1_and_width_1_coverage_is_top1(tiny_target, tiny_draft) -> None:
     a = measure_agreement(tiny_target, tiny_draft, pairs(20), pad_idx=0, k=1, width=1)
     assert a.topk_covered == a.top1
+
+
+def test_heads_agree_from_the_targets_states(tiny_target, tiny_head, untrained_head) -> None:
+    data = pairs(40)
+    trained = measure_agreement(tiny_target, tiny_head, data, pad_idx=0, k=2, width=4, prompt_len=1)
+    untrained = measure_agreement(
+        tiny_target, untrained_head, data, pad_idx=0, k=2, width=4, prompt_len=1
+    )
+    assert trained.positions == sum(len(p.target) - 1 for p in data)
+    assert untrained.top1 < trained.top1 and untrained.topk_covered < trained.topk_covered
+    with pytest.raises(ValueError, match="prompt length"):
+        measure_agreement(tiny_target, tiny_head, data, pad_idx=0)

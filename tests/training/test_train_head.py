@@ -17,7 +17,7 @@ from tests.conftest import synthetic_pair
 def data(tiny_target) -> HeadData:
     gen = torch.Generator().manual_seed(5)
     pairs = [TokenizedPair(*synthetic_pair(gen)) for _ in range(160)]
-    return compute_head_data(tiny_target, pairs, 0, 8, bf16=False)
+    return compute_head_data(tiny_target, pairs, 0, 8, prompt_len=1, bf16=False)
 
 
 def test_data_holds_the_targets_states_and_distributions(tiny_target, data) -> None:
