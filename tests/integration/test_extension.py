@@ -56,11 +56,12 @@ from specbeam.integration.extension import (
     SpeculativeBeamSearchConfig,
     register_specbeam,
 )
-from specbeam.integration.models import build_shallow_draft, save_model
+from specbeam.integration.models import build_shallow_draft, save_head, save_model
 from specbeam.search.generator import (
     SpeculativeBeamSearchSeq2SeqGenerator,
     SpeculativeGeneratorOutput,
 )
+from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 from tests.conftest import DRAFT_ARCH, PROMPT, TARGET_ARCH, VOCAB, sources
 
@@ -236,6 +237,9 @@ def assets_dir(tmp_path: Path, tiny_target: TransformerModel, tiny_draft: Transf
     draft = build_shallow_draft(copy.deepcopy(tiny_target), DRAFT_ARCH)
     save_model(draft, DRAFT_ARCH, shallow, torch.float16, shares_encoder=True)
     cards.append(model_card("specbeam_test_shallow", shallow, assets_dir))
+    head = tmp_path / "models" / "specbeam_test_head.pt"
+    save_head(DraftHead(copy.deepcopy(tiny_target), HeadArch(num_layers=1)), head, torch.float16)
+    cards.append(model_card("specbeam_test_head", head, assets_dir))
     write_cards(assets_dir / "cards.yaml", cards)
     return assets_dir
 
@@ -333,14 +337,16 @@ def test_recipe_selects_generator_by_name(
 
 
 @pytest.mark.usefixtures("restore_process_state")
+@pytest.mark.parametrize("draft", ["specbeam_test_shallow", "specbeam_test_head"])
 def test_recipe_builds_a_shallow_draft_over_its_own_model(
-    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, assets_dir: Path, monkeypatch: pytest.MonkeyPatch, draft: str
 ) -> None:
-    """A draft card of family specbeam_shallow_draft: the decoder is completed with the
-    recipe model's encoder, which encodes each source once for both."""
+    """A draft card of family specbeam_shallow_draft (or specbeam_draft_head): the
+    decoder (the head) is completed with the recipe model's encoder (and its front-end,
+    final norm and projection), which encodes each source once for both."""
     overrides = [
         "seq2seq_generator.name=speculative_beam_search",
-        "seq2seq_generator.config.draft_model=specbeam_test_shallow",
+        f"seq2seq_generator.config.draft_model={draft}",
         "seq2seq_generator.config.hardware=null",  # always speculate: that is what is tested
         "seq2seq_generator.config.gamma=3",
         "seq2seq_generator.config.beam_size=3",
@@ -350,6 +356,7 @@ def test_recipe_builds_a_shallow_draft_over_its_own_model(
     generator = out.generator
     assert isinstance(generator, SpeculativeBeamSearchSeq2SeqGenerator)
     assert generator.draft_model.encoder is generator.model.encoder
+    assert generator.drafts_with_head == (draft == "specbeam_test_head")
     assert isinstance(out.spec, SpeculativeGeneratorOutput) and out.spec.stats.target_passes > 0
     _assert_same(out.base, out.spec)
 

@@ -1,0 +1,74 @@
+"""Draft heads: what they own, what they share with the target, and their checkpoints."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specbeam.integration.cards import DRAFT_HEAD_FAMILY, model_card
+from specbeam.integration.models import (
+    ModelPairConfig,
+    cast_draft,
+    load_model,
+    load_pair,
+    save_head,
+    save_model,
+)
+from specbeam.search.head import DraftHead, HeadArch
+from tests.conftest import TARGET_ARCH
+
+
+def test_a_head_shares_the_targets_modules_and_owns_its_layers(tiny_target) -> None:
+    target = copy.deepcopy(tiny_target)
+    head = DraftHead(target, HeadArch(num_layers=2))
+    assert head.encoder is target.encoder and head.final_proj is target.final_proj
+    assert head.decoder.layer_norm is target.decoder.layer_norm
+    # Initialised from the target's last layers, but copies: training moves only them.
+    last = target.decoder.layers[-1].ffn.inner_proj.weight
+    assert torch.equal(head.decoder.layers[-1].ffn.inner_proj.weight, last)
+    assert head.decoder.layers[-1].ffn.inner_proj.weight is not last
+    own = head.own_state_dict()
+    assert all(k.startswith(("feature_proj.", "decoder.layers.")) for k in own)
+    assert sum(v.numel() for v in own.values()) == sum(p.numel() for p in head.own_parameters())
+
+
+def test_casting_copies_the_shared_modules_and_keeps_the_target_fp32(tiny_target) -> None:
+    target = copy.deepcopy(tiny_target)
+    head = cast_draft(DraftHead(target, HeadArch(num_layers=1)), target, torch.bfloat16)
+    assert head.final_proj.weight.dtype == torch.bfloat16
+    assert head.decoder.layer_norm.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in target.parameters())
+    # The tied embedding and projection stay one tensor in the copy.
+    assert head.final_proj.weight is head.decoder_frontend.embed.weight
+
+
+def test_bad_sizes_are_refused(tiny_target) -> None:
+    with pytest.raises(ValueError, match="1 to 2 layers"):
+        DraftHead(tiny_target, HeadArch(num_layers=3))
+
+
+def test_checkpoint_round_trip_and_card(tmp_path, tiny_target) -> None:
+    target = copy.deepcopy(tiny_target)
+    head = DraftHead(target, HeadArch(num_layers=1))
+    torch.nn.init.normal_(head.feature_proj.weight)
+    save_model(target, TARGET_ARCH, tmp_path / "target.pt", torch.float32)
+    save_head(head, tmp_path / "head.pt", torch.float32)
+    pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "head.pt"))
+    loaded_target, loaded = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
+    assert isinstance(loaded, DraftHead) and loaded.encoder is loaded_target.encoder
+    for k, v in head.own_state_dict().items():
+        assert torch.equal(loaded.own_state_dict()[k], v)
+    card = model_card("head", tmp_path / "head.pt", tmp_path)
+    assert card["model_family"] == DRAFT_HEAD_FAMILY and card["model_config"] == {"num_layers": 1}
+    with pytest.raises(ValueError, match="draft head"):
+        load_model(tmp_path / "head.pt")  # a head needs its target
+
+
+def test_a_head_for_another_target_is_refused(tmp_path, tiny_target) -> None:
+    save_head(DraftHead(tiny_target, HeadArch(num_layers=2)), tmp_path / "head.pt", torch.float32)
+    other = copy.deepcopy(tiny_target)
+    other.decoder.layers = other.decoder.layers[:1]
+    with pytest.raises(ValueError, match="1 to 1 layers"):
+        load_model(tmp_path / "head.pt", target=other)
