@@ -9,8 +9,12 @@ cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 CACHE=${CACHE:-$HOME/.cache/specbeam}
 DRAFT_MINUTES=${DRAFT_MINUTES:-55}
-DRAFT=${DRAFT:-draft_shallow_kd}  # the draft to ship (chosen by τ on dev, see README)
-STEPS=${STEPS:-"data tokenizer target distill teacher drafts ship"}
+DRAFT=${DRAFT:-head}  # the draft to ship (chosen by τ, see README): head, draft_shallow_kd, ...
+HEAD_MINUTES=${HEAD_MINUTES:-45}
+# The translations a draft learns from: the shipped target's (a full rebuild ships the
+# target first: STEPS="... target ship distill ...").
+DISTILL_TARGET=${DISTILL_TARGET:-tasks/bible_es_en/models/target.pt}
+STEPS=${STEPS:-"data tokenizer target distill teacher drafts head ship"}
 TARGET=$CACHE/target_avg.pt
 
 for step in $STEPS; do
@@ -24,10 +28,16 @@ for step in $STEPS; do
         cp "$CACHE/target/best.pt" "$CACHE/target_e5.pt"; }
       $PY "${train[@]}" max_steps=2108
       $PY -m specbeam.average "$TARGET" "$CACHE/target_e5.pt" "$CACHE/target/last.pt" ;;
-    distill)  # the target's beam-5 translations of the training sources (from epoch 5)
-      $PY -m specbeam.distill model.target="$CACHE/target_e5.pt" model.draft=null decoding=beam \
-        hardware.target_dtype=bfloat16 hardware.batch_tokens=4096 out_dir="$CACHE/distill" \
-        hydra.run.dir="$CACHE/distill/hydra" ;;
+    distill)  # the shipped target's beam-5 translations of the training sources, two
+      # shards of one thread each (about 50 minutes on an idle 2-core machine)
+      for shard in 0 1; do
+        $PY -m specbeam.distill model.target="$DISTILL_TARGET" model.draft=null decoding=beam \
+          hardware.target_dtype=bfloat16 hardware.batch_tokens=4096 hardware.threads=1 \
+          shard=$shard/2 out_dir="$CACHE/distill" hydra.run.dir="$CACHE/distill/hydra$shard" &
+      done
+      wait
+      $PY -m specbeam.distill model.target="$DISTILL_TARGET" merge_only=true \
+        out_dir="$CACHE/distill" hydra.run.dir="$CACHE/distill/hydra" ;;
     teacher)  # the shipped target's top 16 at every position of that data, for both drafts
       $PY -m specbeam.teacher "$TARGET" "$CACHE/distill/train.tsv" "$CACHE/distill/teacher_top16.pt" ;;
     drafts)  # two kinds, both on the target's translations and its token distributions
@@ -39,8 +49,12 @@ for step in $STEPS; do
       $PY -m specbeam.train arch=draft_shallow arch.num_decoder_layers=2 shallow_over="$TARGET" \
         out_dir="$CACHE/draft_shallow_kd" "${common[@]}" hydra.run.dir="$CACHE/draft_shallow_kd/hydra"
       wait ;;
+    head)  # a draft head over the shipped target's states, on the same translations
+      $PY -m specbeam.train_head target=tasks/bible_es_en/models/target.pt \
+        data="$CACHE/distill/train.tsv" data_cache="$CACHE/distill/head_states.pt" \
+        out_dir="$CACHE/head" time_budget_minutes="$HEAD_MINUTES" hydra.run.dir="$CACHE/head/hydra" ;;
     ship)
       $PY tasks/bible_es_en/ship.py --target "$TARGET" --draft "$CACHE/$DRAFT/best.pt" ;;
-    *) echo "unknown step: $step (known: data tokenizer target distill teacher drafts ship)" >&2; exit 2 ;;
+    *) echo "unknown step: $step (known: data tokenizer target distill teacher drafts head ship)" >&2; exit 2 ;;
   esac
 done
