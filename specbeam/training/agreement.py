@@ -43,15 +43,17 @@ def measure_agreement(
     max_tokens: int = 4096,
     prompt_len: int | None = None,
 ) -> Agreement:
-    """Both models read the same reference prefixes; every non-pad position counts. A
-    head reads the target's states of the prefix (its first drafting level); its
-    positions start at the last of the `prompt_len` prompt tokens."""
+    """Both models read the same reference prefixes; every non-pad position counts,
+    from the last of the `prompt_len` prompt tokens on (given: the positions generation
+    predicts, so that drafts and heads count the same ones). A head reads the target's
+    states of the prefix (its first drafting level) and needs `prompt_len`."""
     if isinstance(draft, DraftHead):
         if prompt_len is None:
             raise ValueError("a head's agreement needs the prompt length (`prompt_len`)")
         tops = _head_tops(target, draft, pairs, pad_idx, k, width, max_tokens, prompt_len)
     else:
-        tops = _model_tops(target, draft, pairs, pad_idx, k, width, max_tokens)
+        first = 0 if prompt_len is None else prompt_len - 1
+        tops = _model_tops(target, draft, pairs, pad_idx, k, width, max_tokens, first)
     positions = top1 = covered = 0
     for t_top, d_top in tops:  # (P, k) and (P, width) token ids, best first
         positions += len(t_top)
@@ -68,6 +70,7 @@ def _model_tops(
     k: int,
     width: int,
     max_tokens: int,
+    first: int,
 ) -> Iterator[tuple[Tensor, Tensor]]:
     lengths = [len(p.source) + len(p.target) for p in pairs]
     for batch in token_batches(lengths, max_tokens):
@@ -75,6 +78,7 @@ def _model_tops(
             [pairs[i] for i in batch], pad_idx
         )
         mask = tgt_out != pad_idx  # (N, T)
+        mask[:, :first] = False
         t_logits = target(src, src_layout, tgt_in, in_layout)[mask].float()  # (P, V)
         d_logits = draft(src, src_layout, tgt_in, in_layout)[mask].float()
         yield t_logits.topk(k, dim=-1).indices, d_logits.topk(width, dim=-1).indices
