@@ -119,6 +119,9 @@ def main() -> None:
     for spec in args.drafts:
         name, path = spec.split("=", 1)
         draft = load_model(Path(path).expanduser(), target=target)
+        params = own_parameters(
+            draft, target
+        )  # before the cast: a head's bf16 copies are not its own
         agree = measure_agreement(
             target, draft, tokenized, vocab.pad_idx or 0,
             prompt_len=target_prompt_len(tokenizer, task.tgt_lang),
@@ -141,7 +144,7 @@ def main() -> None:
         rows.append({
             "draft": name,
             "checkpoint": path,
-            "parameters": own_parameters(draft, target),
+            "parameters": params,
             "shares_encoder": draft.encoder is target.encoder,
             "draft_step_ms": step["draft"],
             "target_step_ms": step["target"],

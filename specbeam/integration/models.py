@@ -183,7 +183,7 @@ class ModelPairConfig:
 
     name: str = "bible_es_en"
     target: str = "tasks/bible_es_en/models/target.pt"
-    draft: str | None = "tasks/bible_es_en/models/draft.pt"
+    draft: str | None = "tasks/bible_es_en/models/head.pt"
     random_target_arch: ModelArch | None = None
     random_draft_arch: ModelArch | None = None
 

@@ -76,11 +76,11 @@ def test_shipped_target_loads_by_name_and_translates() -> None:
 
 
 def test_shipped_pair_loads_by_name_and_speculative_equals_beam() -> None:
-    """Target and draft through their cards (the draft's card is completed with the target
-    when it reads the target's encoder): exact speculative beam search translates the first
-    8 test verses as fairseq2's beam search does, taking several steps per target pass."""
+    """Target and draft head through their cards (the head's card is completed with the
+    target's modules it reads): exact speculative beam search translates the first 8 test
+    verses as fairseq2's beam search does, taking several steps per target pass."""
     target = load_model("bible_es_en_target", dtype=torch.float32).eval()
-    draft = load_draft("bible_es_en_draft", target)
+    draft = load_draft("bible_es_en_head", target)
     tokenizer = load_tokenizer("bible_es_en_target")
     vocab = tokenizer.vocab_info
     sources = [p.source for p in TaskConfig().split("test")[:8]]
