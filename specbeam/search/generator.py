@@ -67,6 +67,10 @@ class SpeculativeGeneratorOutput(SequenceGeneratorOutput):
 class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     """fairseq2's `BeamSearchSeq2SeqGenerator` plus a draft model; same output.
 
+    The draft is a decoder of its own (any fairseq2 `TransformerModel` over the same
+    vocabulary) or a `DraftHead`, which drafts from the target's decoder states that each
+    verification pass computes (`specbeam.search.head`).
+
     The draft runs a beam search of width `draft_width` (default: `beam_size`) for `gamma`
     steps from the live hypotheses ("beam"), extends each one greedily ("linear"), or
     branches into its `draft_branch` best tokens for `draft_branch_depth` levels where its
