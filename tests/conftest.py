@@ -116,29 +116,35 @@ def random_head(tiny_target: TransformerModel) -> DraftHead:
     return head.eval()
 
 
+def train_head_briefly(head: DraftHead, data, rows: int, steps: int, unroll: int) -> DraftHead:  # noqa: ANN001
+    """Adam on the head's own weights, batches of 16 of the first `rows` pairs of `data` (a
+    `HeadData`), with the real trainer's loss."""
+    from specbeam.training.train_head import head_loss
+
+    head.requires_grad_(False)
+    for p in head.own_parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(head.own_parameters(), lr=3e-3)
+    for step in range(steps):
+        batch = data.batch([(step * 16 + i) % rows for i in range(16)], 0)
+        loss, metrics = head_loss(head, batch, unroll, 0.5)
+        opt.zero_grad()
+        (loss / metrics[0].positions).backward()
+        opt.step()
+    return head
+
+
 @pytest.fixture(scope="session")
 def tiny_head(tiny_target: TransformerModel) -> DraftHead:
     """A head trained briefly on the tiny target's states (the real trainer's loss)."""
     from specbeam.apps.data import TokenizedPair
     from specbeam.training.head_data import compute_head_data
-    from specbeam.training.train_head import head_loss
 
     gen = torch.Generator().manual_seed(6)
     pairs = [TokenizedPair(*synthetic_pair(gen)) for _ in range(256)]
     data = compute_head_data(tiny_target, pairs, 0, 8, prompt_len=1, bf16=False)
     torch.manual_seed(5)
-    head = DraftHead(tiny_target, HeadArch(num_layers=1))
-    head.requires_grad_(False)
-    for p in head.own_parameters():
-        p.requires_grad_(True)
-    opt = torch.optim.Adam(head.own_parameters(), lr=3e-3)
-    for step in range(120):
-        loss, metrics = head_loss(
-            head, data.batch([(step * 16 + i) % 256 for i in range(16)], 0), 3, 0.5
-        )
-        opt.zero_grad()
-        (loss / metrics[0].positions).backward()
-        opt.step()
+    head = train_head_briefly(DraftHead(tiny_target, HeadArch(num_layers=1)), data, 256, 120, 3)
     return head.requires_grad_(False).eval()
 
 

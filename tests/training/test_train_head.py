@@ -10,7 +10,7 @@ from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
 from specbeam.training.head_data import HeadData, compute_head_data
 from specbeam.training.train_head import head_loss, unrolled_states
-from tests.conftest import synthetic_pair
+from tests.conftest import synthetic_pair, train_head_briefly
 
 
 @pytest.fixture(scope="module")
@@ -67,18 +67,9 @@ def test_training_steps_match_the_drafting_decoder(tiny_target, untrained_head, 
 def test_training_lowers_the_loss_and_raises_agreement(tiny_target, data) -> None:
     torch.manual_seed(0)
     head = DraftHead(tiny_target, HeadArch(num_layers=1))
-    head.requires_grad_(False)
-    for p in head.own_parameters():
-        p.requires_grad_(True)
-    opt = torch.optim.Adam(head.own_parameters(), lr=3e-3)
     held_out = data.batch(list(range(128, 160)), 0)
     _, before = head_loss(head, held_out, 2, 0.5)
-    for step in range(60):
-        batch = data.batch([(step * 16 + i) % 128 for i in range(16)], 0)
-        loss, metrics = head_loss(head, batch, 2, 0.5)
-        opt.zero_grad()
-        (loss / metrics[0].positions).backward()
-        opt.step()
+    train_head_briefly(head, data, 128, 60, 2)
     _, after = head_loss(head, held_out, 2, 0.5)
     for b, a in zip(before, after, strict=True):
         assert a.summary()["loss"] < b.summary()["loss"]
