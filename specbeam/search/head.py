@@ -30,6 +30,8 @@ from fairseq2.models.transformer import (
 from fairseq2.nn import Linear
 from torch import Tensor, nn
 
+from specbeam.search.onednn import linear
+
 HEAD_KIND = "draft_head"
 """The `kind` of a head's checkpoint (`specbeam.integration.models.load_model`)."""
 _OWN = ("feature_proj.", "decoder.layers.")
@@ -69,7 +71,8 @@ class DraftHead(nn.Module):
 
     def read_features(self, embedded: Tensor, features: Tensor) -> Tensor:
         """embedded: (..., M) tokens at their positions; features: (..., M) parent states."""
-        return self.feature_proj(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))
+        x = torch.cat([embedded, features.to(embedded.dtype)], dim=-1)
+        return linear(x, self.feature_proj.weight, self.feature_proj.bias)
 
     def own_state_dict(self) -> dict[str, Tensor]:
         """The head's own weights: what a checkpoint stores (the rest is the target's)."""

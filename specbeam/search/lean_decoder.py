@@ -24,7 +24,9 @@ from fairseq2.models.transformer import (
 )
 from fairseq2.nn import StandardLayerNorm
 from torch import Tensor
-from torch.nn.functional import layer_norm, linear, scaled_dot_product_attention
+from torch.nn.functional import layer_norm, scaled_dot_product_attention
+
+from specbeam.search.onednn import linear
 
 
 def lean_problem(decoder: TransformerDecoder) -> str | None:
@@ -105,9 +107,9 @@ def decoder_layer(
 
 def cross_keys(attn: StandardMultiheadAttention, encoder_output: Tensor) -> tuple[Tensor, Tensor]:
     """A cross-attention's keys and values over the encoder output, (S, K, H, D) each."""
-    k = attn.k_proj(encoder_output).unflatten(-1, (-1, attn.head_dim))
-    v = attn.v_proj(encoder_output).unflatten(-1, (-1, attn.head_dim))
-    return k, v
+    k = linear(encoder_output, attn.k_proj.weight, attn.k_proj.bias)
+    v = linear(encoder_output, attn.v_proj.weight, attn.v_proj.bias)
+    return k.unflatten(-1, (-1, attn.head_dim)), v.unflatten(-1, (-1, attn.head_dim))
 
 
 def final_norm(decoder: TransformerDecoder, x: Tensor) -> Tensor:

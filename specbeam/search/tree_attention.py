@@ -22,13 +22,20 @@ from fairseq2.models.transformer import (
     TransformerEmbeddingFrontend,
     TransformerModel,
 )
-from fairseq2.nn import BatchLayout, IncrementalStateBag, SinusoidalPositionEncoder
+from fairseq2.nn import (
+    BatchLayout,
+    IncrementalStateBag,
+    Linear,
+    SinusoidalPositionEncoder,
+    TiedProjection,
+)
 from torch import Tensor
 from typing_extensions import override
 
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
 from specbeam.search.lean_decoder import LeanDecoder, cross_keys, lean_problem, padding_bias
+from specbeam.search.onednn import linear
 from specbeam.search.peak_cache import observe
 
 log = logging.getLogger(__name__)
@@ -292,7 +299,10 @@ class TreeDecoder:
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Projects decoder outputs (..., M) to vocabulary logits (..., V)."""
-        return self.model.final_proj(hidden)
+        proj = self.model.final_proj
+        if self.lean is not None and isinstance(proj, Linear | TiedProjection):
+            return linear(hidden, proj.weight, proj.bias)
+        return proj(hidden)
 
     def select_sources(self, keep: Tensor) -> None:
         self.cache.select_sources(keep)

@@ -1,0 +1,101 @@
+import pytest
+import torch
+from torch.nn.functional import linear as torch_linear
+
+from specbeam.search import onednn
+from specbeam.search.onednn import linear, packed
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN"
+)
+
+
+@pytest.fixture(autouse=True)
+def _enabled():
+    onednn.enable(True)
+    yield
+    onednn.enable(True)
+
+
+def weights(out: int = 96, inp: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(out, inp, generator=gen) / 8, torch.randn(out, generator=gen)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (5, 64), (2, 27, 64)])
+@pytest.mark.parametrize("with_bias", [True, False])
+@torch.inference_mode()
+def test_same_numbers_as_torch_linear(shape, with_bias):
+    w, b = weights()
+    x = torch.randn(shape)
+    bias = b if with_bias else None
+    got = linear(x, w, bias)
+    assert got.shape == (*shape[:-1], 96)
+    torch.testing.assert_close(got, torch_linear(x, w, bias), rtol=0, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_bfloat16_within_its_rounding():
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("no bfloat16 oneDNN kernels on this CPU")
+    w, b = (t.bfloat16() for t in weights())
+    x = torch.randn(5, 64).bfloat16()
+    torch.testing.assert_close(
+        linear(x, w, b).float(), torch_linear(x, w, b).float(), atol=0.05, rtol=0.02
+    )
+
+
+def test_packs_once_and_repacks_when_the_weight_changes():
+    w, b = weights()  # a model's weight: made outside inference mode, so it has a version
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        first = packed(w)
+        assert first is not None and packed(w) is first
+    with torch.no_grad():
+        w.mul_(2)  # an in-place update: the packed copy is stale
+    with torch.inference_mode():
+        assert packed(w) is not first
+        torch.testing.assert_close(linear(x, w, b), torch_linear(x, w, b), rtol=0, atol=1e-5)
+
+
+def test_follows_a_module_cast_back_and_forth():
+    """`Module.to(dtype)` keeps the parameter object and swaps its data."""
+    layer = torch.nn.Linear(64, 32)
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        before = linear(x, layer.weight, layer.bias)
+    layer.to(torch.bfloat16).to(torch.float32)
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x, layer.weight, layer.bias), before, rtol=0, atol=1e-2)
+        assert packed(layer.weight).dtype == torch.float32
+
+
+def test_autograd_runs_torch_linear():
+    layer = torch.nn.Linear(64, 32)
+    x = torch.randn(4, 64)
+    linear(x, layer.weight, layer.bias).sum().backward()
+    assert layer.weight.grad is not None
+    assert layer.weight not in onednn._packed
+    assert torch.equal(
+        linear(x, layer.weight, layer.bias), torch_linear(x, layer.weight, layer.bias)
+    )
+
+
+@torch.inference_mode()
+def test_switched_off_packs_nothing():
+    w, b = weights()
+    x = torch.randn(7, 64)
+    onednn.enable(False)
+    assert torch.equal(linear(x, w, b), torch_linear(x, w, b))
+    assert w not in onednn._packed
+    onednn.enable(True)
+    linear(x, w, b)
+    assert w in onednn._packed
+
+
+@torch.inference_mode()
+def test_a_mixed_dtype_call_is_left_to_torch():
+    w, b = weights()
+    x = torch.randn(2, 64, dtype=torch.float64)
+    with pytest.raises(RuntimeError):  # what torch says about mixed dtypes, unchanged
+        linear(x, w, b)
