@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from specbeam.search import onednn
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.draft import Drafter, DraftShape, DraftStrategy
@@ -98,9 +99,11 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     target work than the steps it saves. Exact decoding only, so the output is the same
     either way. `plain="lean"` runs that search through this generator's own loop with
     no draft (one step per target call, on the lean path); `"fairseq2"` runs fairseq2's
-    `BeamSearchSeq2SeqGenerator`; `"auto"` the first for one sentence, the second for more
-    (measured on a 2-core CPU: lean 1.04× fairseq2's speed at one sentence, 0.94× at 16,
-    where its per-source attention over all k hypotheses' slots costs more).
+    `BeamSearchSeq2SeqGenerator`; `"auto"` the first where its linears run on oneDNN
+    (`specbeam.search.onednn`; measured on a 2-core CPU: 1.82× fairseq2's speed at one
+    sentence, 1.51× at 16), else the first for one sentence and the second for more
+    (without oneDNN: 1.04× at one sentence, 0.94× at 16, where its per-source attention
+    over all k hypotheses' slots costs more).
     `lean_target` runs the target's decoder as plain tensor ops
     (`specbeam.search.lean_decoder`, same numbers within 1e-5) where its layers allow.
     """
@@ -246,7 +249,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
         speculate = self._speculates(len(source_seqs))
-        lean = self._plain_kind == "lean" or (self._plain_kind == "auto" and len(source_seqs) == 1)
+        lean = self._plain_kind == "lean" or (
+            self._plain_kind == "auto" and (len(source_seqs) == 1 or onednn.active())
+        )
         if not speculate and not lean:
             assert self._plain is not None
             out = self._plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)

@@ -30,6 +30,11 @@ def enable(on: bool) -> None:
     _enabled = on
 
 
+def active() -> bool:
+    """Whether `linear` runs on oneDNN in this process (where the weight allows)."""
+    return _enabled and torch.backends.mkldnn.is_available()
+
+
 def _runs(weight: Tensor) -> bool:
     if weight.device.type != "cpu" or weight.dim() != 2:
         return False

@@ -56,12 +56,16 @@ def test_slurm_launcher_config_composes() -> None:
 
 
 def test_evaluate_the_embedded_pair(tmp_path) -> None:
-    """The default task and pair: exact speculative beam search matches beam search."""
+    """The default task and pair: exact speculative beam search matches beam search, as
+    configured (the planner may run it plain) and always speculating."""
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "specbeam.evaluate", "hardware.threads=1", "every=300", "limit=4",
-           f"output_dir={out}", f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+           'methods=[beam,spec_beam,"spec_beam:plan=false"]', f"output_dir={out}",
+           f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     rows = {r["method"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
-    assert rows["spec_beam"]["exact_match"] == 1.0 and rows["spec_beam"]["tau"] > 1.0
-    assert rows["beam"]["bleu"] == rows["spec_beam"]["bleu"] > 10
+    always = rows["spec_beam:plan=false"]
+    assert rows["spec_beam"]["exact_match"] == always["exact_match"] == 1.0
+    assert always["tau"] > 1.0
+    assert rows["beam"]["bleu"] == rows["spec_beam"]["bleu"] == always["bleu"] > 10

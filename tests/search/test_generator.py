@@ -169,7 +169,7 @@ def test_equivalence_with_draft_heads(seed, tiny_target, untrained_head, random_
 def test_plain_search_without_a_draft_is_fairseq2s(seed, tiny_target, vocab_info) -> None:
     """No draft: specbeam's own beam search, one step per target call on the lean path
     (the planner's fallback), and through fairseq2's modules for the odd seeds."""
-    options = {"lean_target": seed % 2 == 0, "plain": "lean"}  # "auto" would use fairseq2's
+    options = {"lean_target": seed % 2 == 0, "plain": "lean"}  # explicit: "auto" depends on oneDNN
     result = run_both(Case.draw(seed), tiny_target, None, vocab_info, **options)
     if result is not None:
         base, plain = result
