@@ -29,7 +29,8 @@ class HardwareConfig:
     device: str = "cpu"
     threads: int = 2
     draft_dtype: str = "float32"
-    """Precision of the draft model; exactness does not depend on it (verification is fp32)."""
+    """Precision of the draft model; exactness does not depend on it (verification is fp32).
+    auto: bfloat16 where the CPU computes it natively (`onednn.bf16_native`), else float32."""
     target_dtype: str = "float32"
     """Precision of the target. Exact speculative decoding reproduces beam search on the
     target in this precision; bfloat16 is faster where that matters less (distillation
@@ -58,10 +59,10 @@ class HardwareConfig:
             raise ValueError(f"hardware.device={self.device} is not supported yet: allowed: cpu")
         if self.threads < 1:
             raise ValueError(f"hardware.threads={self.threads} is invalid: must be ≥ 1")
-        for name in ("draft_dtype", "target_dtype"):
-            if getattr(self, name) not in _DTYPES:
+        for name, allowed in (("draft_dtype", [*_DTYPES, "auto"]), ("target_dtype", _DTYPES)):
+            if getattr(self, name) not in allowed:
                 raise ValueError(
-                    f"hardware.{name}={getattr(self, name)} is invalid: allowed: {', '.join(_DTYPES)}"
+                    f"hardware.{name}={getattr(self, name)} is invalid: allowed: {', '.join(allowed)}"
                 )
         if self.batch_tokens < 1:
             raise ValueError(f"hardware.batch_tokens={self.batch_tokens} is invalid: must be ≥ 1")
@@ -75,6 +76,8 @@ class HardwareConfig:
 
     @property
     def draft_torch_dtype(self) -> torch.dtype:
+        if self.draft_dtype == "auto":
+            return torch.bfloat16 if onednn.bf16_native() else torch.float32
         return _DTYPES[self.draft_dtype]
 
     @property

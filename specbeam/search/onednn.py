@@ -35,11 +35,18 @@ def active() -> bool:
     return _enabled and torch.backends.mkldnn.is_available()
 
 
+def bf16_native() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX). Without, oneDNN
+    refuses bf16 and PyTorch emulates it: a bf16 draft then runs about 2× slower than
+    fp32 (AMD EPYC Zen 3: 30.4 vs 15.7 ms of drafting per pass)."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def _runs(weight: Tensor) -> bool:
     if weight.device.type != "cpu" or weight.dim() != 2:
         return False
     if weight.dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return bf16_native()
     return weight.dtype == torch.float32
 
 

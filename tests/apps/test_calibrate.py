@@ -78,7 +78,7 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     assert isinstance(loaded, EvaluateConfig)
     hw = loaded.hardware
     assert (hw.name, hw.threads, hw.batch_tokens, hw.draft_dtype) == (
-        "cal_test", 1, 1024, "bfloat16",
+        "cal_test", 1, 1024, "auto",
     )  # fmt: skip
     tuned = hw.tune(load_decoding("spec_beam"))
     assert tuned.gamma in (2, 3) and tuned.draft_width in (5, 6)
