@@ -22,11 +22,11 @@ from fairseq2.models.transformer import (
     TransformerDecoder,
     TransformerNormOrder,
 )
-from fairseq2.nn import StandardLayerNorm
+from fairseq2.nn import Linear, StandardLayerNorm
 from torch import Tensor
 from torch.nn.functional import layer_norm, scaled_dot_product_attention
 
-from specbeam.search.onednn import linear
+from specbeam.search.onednn import linear, linears
 
 
 def lean_problem(decoder: TransformerDecoder) -> str | None:
@@ -90,9 +90,8 @@ def decoder_layer(
     drafting steps: `keys_with` says which."""
     attn = layer.self_attn
     h = _norm(x, layer.self_attn_layer_norm)
-    q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
-    k = _heads(linear(h, attn.k_proj.weight, attn.k_proj.bias), attn.head_dim)
-    v = _heads(linear(h, attn.v_proj.weight, attn.v_proj.bias), attn.head_dim)
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    q, k, v = (_heads(t, attn.head_dim) for t in linears(h, *_params(projs)))
     out = _attend(q, *keys_with(k, v), self_bias)
     x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
     attn = layer.encoder_decoder_attn
@@ -107,9 +106,12 @@ def decoder_layer(
 
 def cross_keys(attn: StandardMultiheadAttention, encoder_output: Tensor) -> tuple[Tensor, Tensor]:
     """A cross-attention's keys and values over the encoder output, (S, K, H, D) each."""
-    k = linear(encoder_output, attn.k_proj.weight, attn.k_proj.bias)
-    v = linear(encoder_output, attn.v_proj.weight, attn.v_proj.bias)
+    k, v = linears(encoder_output, *_params((attn.k_proj, attn.v_proj)))
     return k.unflatten(-1, (-1, attn.head_dim)), v.unflatten(-1, (-1, attn.head_dim))
+
+
+def _params(projs: Sequence[Linear]) -> tuple[list[Tensor], list[Tensor | None]]:
+    return [p.weight for p in projs], [p.bias for p in projs]
 
 
 def final_norm(decoder: TransformerDecoder, x: Tensor) -> Tensor:

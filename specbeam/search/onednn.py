@@ -14,12 +14,15 @@ dot products).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 from torch.utils.weak import WeakIdKeyDictionary
 
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_fused: WeakIdKeyDictionary = WeakIdKeyDictionary()  # first weight -> the group's packing
 _enabled = True
 
 
@@ -50,14 +53,18 @@ def _runs(weight: Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
+def _key(weight: Tensor) -> tuple:
+    # `module.to()` swaps a parameter's data in place, an in-place update bumps its
+    # version: either way a packed copy is stale. Inference tensors have no version;
+    # they are taken to stay as they are.
+    version = 0 if weight.is_inference() else weight._version
+    return (weight.data_ptr(), weight.dtype, version)
+
+
 def packed(weight: Tensor) -> Tensor | None:
     """oneDNN's packed copy of `weight` (out, in), made on first use; None where it
     cannot run."""
-    # `module.to()` swaps a parameter's data in place, an in-place update bumps its
-    # version: either way the packed copy is stale. Inference tensors have no version;
-    # they are taken to stay as they are.
-    version = 0 if weight.is_inference() else weight._version
-    key = (weight.data_ptr(), weight.dtype, version)
+    key = _key(weight)
     entry = _packed.get(weight)
     if entry is not None and entry[0] == key:
         return entry[1]
@@ -77,3 +84,31 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if w is None:
         return _torch_linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+
+
+def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> list[Tensor]:
+    """`linear(x, w, b)` for each (w, b) pair, as one call over the weights stacked and
+    packed once: a decoder call at a few rows is bound by streaming weights, and one
+    (3M, M) product streams q, k and v faster than three (M, M) ones (AMD EPYC Zen 3,
+    5 rows: 281 vs 408 µs)."""
+    if not _enabled or torch.is_grad_enabled() or any(x.dtype != w.dtype for w in weights):
+        return [_torch_linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+    key = tuple(_key(t) for t in (*weights, *(b for b in biases if b is not None)))
+    entry = _fused.get(weights[0])
+    if entry is None or entry[0] != key:
+        if not all(_runs(w) for w in weights):
+            return [_torch_linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+        with torch.inference_mode():
+            stacked = torch.cat([w.detach() for w in weights])
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat([
+                    w.new_zeros(w.size(0)) if b is None else b.detach()
+                    for w, b in zip(weights, biases, strict=True)
+                ])  # fmt: skip
+            copy = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
+        entry = (key, copy, bias, [w.size(0) for w in weights])
+        _fused[weights[0]] = entry
+    _, copy, bias, sizes = entry
+    out = torch.ops.mkldnn._linear_pointwise(x, copy, bias, "none", [], "")
+    return list(out.split(sizes, dim=-1))

@@ -3,7 +3,7 @@ import torch
 from torch.nn.functional import linear as torch_linear
 
 from specbeam.search import onednn
-from specbeam.search.onednn import linear, packed
+from specbeam.search.onednn import linear, linears, packed
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN"
@@ -99,3 +99,49 @@ def test_a_mixed_dtype_call_is_left_to_torch():
     x = torch.randn(2, 64, dtype=torch.float64)
     with pytest.raises(RuntimeError):  # what torch says about mixed dtypes, unchanged
         linear(x, w, b)
+
+
+def group(seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """Three projections of one input, the middle one without a bias (as a k_proj may be)."""
+    (wq, bq), (wk, _), (wv, bv) = (weights(32, 64, seed + i) for i in range(3))
+    return [wq, wk, wv], [bq, None, bv]
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (2, 27, 64)])
+@torch.inference_mode()
+def test_stacked_linears_give_each_projection_its_own_output(shape):
+    ws, bs = group()
+    x = torch.randn(shape)
+    got = linears(x, ws, bs)
+    assert [t.shape for t in got] == [(*shape[:-1], 32)] * 3
+    for out, w, b in zip(got, ws, bs, strict=True):
+        torch.testing.assert_close(out, torch_linear(x, w, b), rtol=0, atol=1e-5)
+
+
+def test_stacked_linears_repack_when_any_weight_changes():
+    ws, bs = group()
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        linears(x, ws, bs)
+        first = onednn._fused[ws[0]]
+        linears(x, ws, bs)
+        assert onednn._fused[ws[0]] is first
+    with torch.no_grad():
+        ws[2].mul_(2)  # not the weight the group is filed under
+    with torch.inference_mode():
+        got = linears(x, ws, bs)
+        assert onednn._fused[ws[0]] is not first
+    torch.testing.assert_close(got[2], torch_linear(x, ws[2], bs[2]), rtol=0, atol=1e-5)
+
+
+def test_stacked_linears_run_torch_under_autograd_and_when_off():
+    ws, bs = group()
+    x = torch.randn(4, 64)
+    ws[0].requires_grad_(True)
+    sum(t.sum() for t in linears(x, ws, bs)).backward()
+    assert ws[0].grad is not None and ws[0] not in onednn._fused
+    onednn.enable(False)
+    with torch.inference_mode():
+        got = linears(x, ws, bs)
+    assert ws[0] not in onednn._fused
+    assert all(torch.equal(o, torch_linear(x, w, b)) for o, w, b in zip(got, ws, bs, strict=True))

@@ -28,7 +28,8 @@ def test_data_holds_the_targets_states_and_distributions(tiny_target, data) -> N
     logits = tiny_target.final_proj(batch.states[0, :length])
     top = torch.log_softmax(logits, -1).topk(8, -1)
     assert torch.equal(top.indices, batch.top_idx[0, :length])
-    torch.testing.assert_close(top.values, batch.top_logp[0, :length], atol=2e-3, rtol=0)
+    # Stored in fp16 (states and log-probs): half an fp16 ulp is 2^-12 relative ≈ 2.4e-4.
+    torch.testing.assert_close(top.values, batch.top_logp[0, :length], atol=2e-3, rtol=1e-3)
 
 
 @pytest.mark.parametrize("lean", [True, False])
