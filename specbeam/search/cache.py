@@ -135,7 +135,9 @@ class SpeculativeKVCache:
     def _reorder_prefixes(self, origin: Tensor) -> None:
         """Hypothesis i of source s takes the prefix of hypothesis origin[s, i]: one
         `index_select` of whole (H·D) rows; a `gather` would read an int64 index per
-        element, twice the keys' own bytes."""
+        element, twice the keys' own bytes. One layer's keys or values at a time, so
+        that the copy stays in the CPU's cache on its way back (16 sources × 40
+        positions, AMD EPYC: 23–38 vs 81–85 ms for all layers at once)."""
         layers, kv, num_sources, capacity, k, heads, dim = self.buf.shape
         width = self.width
         rows = self.buf.view(layers * kv, num_sources * capacity * k, heads * dim)
@@ -144,9 +146,10 @@ class SpeculativeKVCache:
             torch.arange(num_sources, device=origin.device)[:, None, None] * (capacity * k)
             + position[None, :, None] * k
             + origin[:, None, :]
-        )  # (S, W, k): the row each prefix entry is read from
-        picked = rows.index_select(1, index.flatten())
-        self.buf[:, :, :, :width] = picked.view(layers, kv, num_sources, width, k, heads, dim)
+        ).flatten()  # (S·W·k): the row each prefix entry is read from
+        prefixes = self.buf.view(layers * kv, num_sources, capacity, k, heads, dim)[:, :, :width]
+        for part, prefix in zip(rows, prefixes, strict=True):
+            prefix.copy_(part.index_select(0, index).view(prefix.shape))
 
     def select_sources(self, keep: Tensor) -> None:
         """Drops finished sources; `keep` (S',) indexes the surviving rows."""
