@@ -268,6 +268,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
                 self, source_seqs, source_seqs_layout, prompts, min_seq_len, max_seq_len, False
             )
             out = op()
+            self._time(False, out)
             # The stats describe speculation; this call is counted as plain only.
             stats = SpecStats(plain_sources=len(source_seqs), seconds=out.stats.seconds)
             return SpeculativeGeneratorOutput(out.hypotheses, out.counters, stats)
@@ -292,7 +293,16 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             out = outputs[0] if len(outputs) == 1 else _concatenate(outputs)
         if self._planner is not None and out.stats.target_passes:
             self._planner.observe(PassShape.of(out.stats), out.stats.target_passes)
+        self._time(True, out)
         return out
+
+    def _time(self, speculative: bool, out: SpeculativeGeneratorOutput) -> None:
+        """Tells the planner how long this call's passes took."""
+        if self._planner is not None:
+            s = out.stats
+            self._planner.timed(
+                speculative, out.counters.generation_time, s.target_passes, s.source_passes
+            )
 
     def _speculates(self, num_sources: int) -> bool:
         """Whether this call drafts: a draft, at most `max_speculative_sources` sources, and

@@ -3,8 +3,11 @@
 On a CPU a verification pass turns compute-bound as batches grow (DESIGN.md §8): the
 draft tree's extra tokens then cost in full, and a pass advancing τ steps loses to τ
 plain steps. The planner prices both from calibrated call costs (`specbeam.calibrate`,
-stored per hardware config) and the τ and tree size this generator has seen so far.
-Exact decoding only: either choice gives the same output.
+stored per hardware config) and the τ and tree size this generator has seen so far,
+each price scaled by how long that kind of call has actually taken here against its
+prediction: costs calibrated on one CPU mislead on another (the embedded pair's draft
+call is 0.9 ms on an AVX-512 machine, 6 ms on an AVX2 one, against target calls 3.5×
+apart). Exact decoding only: either choice gives the same output.
 """
 
 from __future__ import annotations
@@ -101,13 +104,23 @@ class Planner:
         self.explore = explore
         self.probe_every = probe_every
         self._close_calls = 0
+        # Measured ÷ predicted ms per pass, plain (False) and speculative (True), and the
+        # calls seen of each: the first is left out (it packs weights, warms caches).
+        self.factor = {False: 1.0, True: 1.0}
+        self._timed_calls = {False: 0, True: 0}
+
+    def pass_ms(self, speculative: bool, num_sources: float) -> float:
+        """Predicted ms of one pass over `num_sources` live sources, as calibrated."""
+        c, p, s = self.costs, self.shape, num_sources
+        if not speculative:
+            return c.target.ms(s * self.k) + c.plain_step_ms
+        spec = c.target.ms(s * p.slots) + p.draft_calls * c.draft.ms(s * p.draft_slots)
+        return spec + s * c.accept_ms
 
     def speedup(self, num_sources: int) -> float:
         """Predicted plain ms per step ÷ speculative ms per step, for this batch size."""
-        c, p, s = self.costs, self.shape, num_sources
-        plain = c.target.ms(s * self.k) + c.plain_step_ms
-        spec = c.target.ms(s * p.slots) + p.draft_calls * c.draft.ms(s * p.draft_slots)
-        return p.tau * plain / (spec + s * c.accept_ms)
+        plain = self.pass_ms(False, num_sources) * self.factor[False]
+        return self.shape.tau * plain / (self.pass_ms(True, num_sources) * self.factor[True])
 
     def speculate(self, num_sources: int) -> bool:
         predicted = self.speedup(num_sources)
@@ -122,3 +135,15 @@ class Planner:
         """A speculative call's mean pass shape over `passes` passes updates the running one
         (each pass weighs 1/50: a few sentences move it, one odd sentence does not)."""
         self.shape.update(seen, min(1.0, passes / 50))
+
+    def timed(self, speculative: bool, seconds: float, passes: int, source_passes: int) -> None:
+        """A call's measured time over its `passes` passes (`source_passes` live sources
+        summed over them) moves that kind's measured ÷ predicted factor (each pass weighs
+        1/200: timings are noisier than τ)."""
+        self._timed_calls[speculative] += 1
+        if self._timed_calls[speculative] == 1 or passes == 0:
+            return
+        predicted = self.pass_ms(speculative, source_passes / passes)
+        ratio = 1000 * seconds / passes / predicted
+        weight = min(1.0, passes / 200)
+        self.factor[speculative] += weight * (ratio - self.factor[speculative])

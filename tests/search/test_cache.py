@@ -101,9 +101,10 @@ def test_growth_keeps_live_entries_and_stops_at_the_bound() -> None:
     assert cache.peak_bytes == cache.nbytes()
     with pytest.raises(RuntimeError, match="capacity was sized too small"):
         cache.reserve(15)
-    cache.select_sources(torch.tensor([1]))
+    cache.select_sources(torch.tensor([1]))  # compacts in place: nothing is allocated
     assert cache.capacity == 10 and cache.buf.size(2) == 1 and cache.lens.tolist() == [3]
-    assert cache.peak_bytes == 2 * cache.nbytes()
+    assert (cache.buf[0, :, 0, :3, :, 0] == 7.0).all()
+    assert cache.peak_bytes == cache.nbytes()
 
 
 def test_commit_makes_room_for_each_hypothesis_path() -> None:

@@ -76,3 +76,36 @@ def test_generator_follows_the_planner(tiny_target, tiny_draft, vocab_info, capl
         if speculative:
             assert planner.shape.tau != 2.5
     assert "the planner prices faster without the draft (16 sentences)" in caplog.text
+
+
+def test_measured_times_scale_the_calibrated_prices() -> None:
+    """A machine where plain steps take twice the calibrated time favours speculation twice
+    as much; each kind's first call (packing weights, warming caches) is not counted."""
+    planner = Planner(CPU, beam_size=5, shape=PassShape(tau=2.0))
+    before = planner.speedup(1)
+    predicted = planner.pass_ms(False, 1)
+    planner.timed(False, seconds=10.0, passes=1, source_passes=1)  # the first: ignored
+    assert planner.factor[False] == 1.0
+    planner.timed(False, seconds=2 * predicted * 200 / 1000, passes=200, source_passes=200)
+    assert planner.factor[False] == pytest.approx(2.0)
+    assert planner.speedup(1) == pytest.approx(2 * before)
+    spec = planner.pass_ms(True, 4)
+    planner.timed(True, seconds=1.0, passes=1, source_passes=4)
+    planner.timed(True, seconds=3 * spec * 50 / 1000, passes=50, source_passes=200)
+    assert planner.factor[True] == pytest.approx(1 + 0.25 * (3 - 1))  # 50 passes weigh 1/4
+
+
+def test_generator_times_both_kinds_of_call(tiny_target, tiny_draft, vocab_info, monkeypatch):
+    """Speculative and plain calls report their times (the decision itself is fixed here:
+    the tiny models' times would move it)."""
+    planner = Planner(CPU, beam_size=4, shape=PassShape(tau=2.5))
+    monkeypatch.setattr(planner, "speculate", lambda num_sources: num_sources == 1)
+    generator = SpeculativeBeamSearchSeq2SeqGenerator(
+        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, planner=planner, plain="lean"
+    )
+    beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
+    for _ in range(2):
+        for n, speculative in ((1, True), (16, False)):
+            assert_plain_iff_not(speculative, generator, beam, batch=n, seed=43)
+    assert planner._timed_calls == {False: 2, True: 2}
+    assert planner.factor[False] != 1.0 and planner.factor[True] != 1.0
