@@ -156,6 +156,11 @@ def compare_line(
     )
     if ours.stats.target_passes:
         line += f"; τ {ours.stats.tau:.2f} steps per target pass"
+    if ours.stats.plain_sources:
+        line += (
+            f"; {ours.stats.plain_sources}/{len(texts)} sentences ran plain beam search "
+            "(the planner priced speculation slower on this machine)"
+        )
     return line
 
 

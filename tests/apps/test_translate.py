@@ -295,7 +295,8 @@ def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines,
 
 
 def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file) -> None:
-    result = run(tmp_path, f"input={source_file}", f"output={tmp_path}/out.en", "compare=beam")
+    result = run(tmp_path, f"input={source_file}", f"output={tmp_path}/out.en", "compare=beam",
+                 "decoding.plan=false")  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
@@ -304,6 +305,17 @@ def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file
         summary,
     ), summary
     assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == len(LINES)
+
+
+def test_compare_says_which_sentences_ran_plain(tmp_path, source_file) -> None:
+    """A cost model where every verified token costs a second: the planner runs plain."""
+    result = run(tmp_path, f"input={source_file}", "compare=beam", "hardware.costs.target=[0,1000]")
+    assert result.returncode == 0, result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    assert summary.endswith(
+        "identical outputs: 3/3; 3/3 sentences ran plain beam search (the planner priced "
+        "speculation slower on this machine)"
+    ), summary
 
 
 def test_embedded_pair_translates_line_for_line_as_beam_search(tmp_path) -> None:
