@@ -117,10 +117,16 @@ class Planner:
         spec = c.target.ms(s * p.slots) + p.draft_calls * c.draft.ms(s * p.draft_slots)
         return spec + s * c.accept_ms
 
+    def _factor(self, speculative: bool) -> float:
+        """A kind not timed yet is taken to be as far off as the other (a slower machine
+        is slower at both)."""
+        seen = self._timed_calls[speculative] > 1
+        return self.factor[speculative if seen else not speculative]
+
     def speedup(self, num_sources: int) -> float:
         """Predicted plain ms per step ÷ speculative ms per step, for this batch size."""
-        plain = self.pass_ms(False, num_sources) * self.factor[False]
-        return self.shape.tau * plain / (self.pass_ms(True, num_sources) * self.factor[True])
+        plain = self.pass_ms(False, num_sources) * self._factor(False)
+        return self.shape.tau * plain / (self.pass_ms(True, num_sources) * self._factor(True))
 
     def speculate(self, num_sources: int) -> bool:
         predicted = self.speedup(num_sources)

@@ -79,8 +79,10 @@ def test_generator_follows_the_planner(tiny_target, tiny_draft, vocab_info, capl
 
 
 def test_measured_times_scale_the_calibrated_prices() -> None:
-    """A machine where plain steps take twice the calibrated time favours speculation twice
-    as much; each kind's first call (packing weights, warming caches) is not counted."""
+    """A machine where plain steps take twice the calibrated time, and speculative passes
+    the calibrated time, favours speculation twice as much; each kind's first call (packing
+    weights, warming caches) is not counted, and a kind not timed yet is taken to be as
+    far off as the other."""
     planner = Planner(CPU, beam_size=5, shape=PassShape(tau=2.0))
     before = planner.speedup(1)
     predicted = planner.pass_ms(False, 1)
@@ -88,9 +90,14 @@ def test_measured_times_scale_the_calibrated_prices() -> None:
     assert planner.factor[False] == 1.0
     planner.timed(False, seconds=2 * predicted * 200 / 1000, passes=200, source_passes=200)
     assert planner.factor[False] == pytest.approx(2.0)
+    assert planner.speedup(1) == pytest.approx(before)  # speculation untimed: as far off
+    planner.timed(True, seconds=1.0, passes=1, source_passes=1)  # its first: ignored
+    assert planner.speedup(1) == pytest.approx(before)
+    planner.timed(
+        True, seconds=planner.pass_ms(True, 1) * 200 / 1000, passes=200, source_passes=200
+    )
     assert planner.speedup(1) == pytest.approx(2 * before)
     spec = planner.pass_ms(True, 4)
-    planner.timed(True, seconds=1.0, passes=1, source_passes=4)
     planner.timed(True, seconds=3 * spec * 50 / 1000, passes=50, source_passes=200)
     assert planner.factor[True] == pytest.approx(1 + 0.25 * (3 - 1))  # 50 passes weigh 1/4
 
