@@ -56,8 +56,9 @@ class DecodingConfig:
     plain: str = "auto"
     """Which plain beam search runs: of a plain decoding (beam, greedy), and of the batches
     spec_beam does not speculate: lean (specbeam's own loop without a draft, on the lean
-    decoder; same output), fairseq2 (its BeamSearchSeq2SeqGenerator), or auto (lean for
-    one sentence, fairseq2 for more: lean was 1.04× fairseq2's speed at 1, 0.94× at 16)."""
+    decoder; same output), fairseq2 (its BeamSearchSeq2SeqGenerator), or auto (lean where
+    the linears run on oneDNN, `hardware.onednn`; without it lean for one sentence, fairseq2
+    for more). See `SpeculativeBeamSearchSeq2SeqGenerator`'s docstring for the figures."""
     lean_draft: bool = True
     """Run the draft's decoder as plain tensor ops (specbeam/search/lean_decoder.py), not
     through fairseq2's modules: same numbers, less per-call overhead."""
