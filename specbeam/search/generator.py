@@ -292,16 +292,19 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             ]
             out = outputs[0] if len(outputs) == 1 else _concatenate(outputs)
         if self._planner is not None and out.stats.target_passes:
-            self._planner.observe(PassShape.of(out.stats), out.stats.target_passes)
-        self._time(True, out)
+            shape = PassShape.of(out.stats)
+            self._planner.observe(shape, out.stats.target_passes)
+            self._time(True, out, shape)
         return out
 
-    def _time(self, speculative: bool, out: SpeculativeGeneratorOutput) -> None:
+    def _time(
+        self, speculative: bool, out: SpeculativeGeneratorOutput, shape: PassShape | None = None
+    ) -> None:
         """Tells the planner how long this call's passes took."""
         if self._planner is not None:
             s = out.stats
             self._planner.timed(
-                speculative, out.counters.generation_time, s.target_passes, s.source_passes
+                speculative, out.counters.generation_time, s.target_passes, s.source_passes, shape
             )
 
     def _speculates(self, num_sources: int) -> bool:

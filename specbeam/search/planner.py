@@ -108,10 +108,14 @@ class Planner:
         # calls seen of each: the first is left out (it packs weights, warms caches).
         self.factor = {False: 1.0, True: 1.0}
         self._timed_calls = {False: 0, True: 0}
+        self._timed_passes = {False: 0, True: 0}  # of the calls counted
 
-    def pass_ms(self, speculative: bool, num_sources: float) -> float:
-        """Predicted ms of one pass over `num_sources` live sources, as calibrated."""
-        c, p, s = self.costs, self.shape, num_sources
+    def pass_ms(
+        self, speculative: bool, num_sources: float, shape: PassShape | None = None
+    ) -> float:
+        """Predicted ms of one pass over `num_sources` live sources, as calibrated, of the
+        running shape or of `shape`."""
+        c, p, s = self.costs, shape or self.shape, num_sources
         if not speculative:
             return c.target.ms(s * self.k) + c.plain_step_ms
         spec = c.target.ms(s * p.slots) + p.draft_calls * c.draft.ms(s * p.draft_slots)
@@ -142,14 +146,25 @@ class Planner:
         (each pass weighs 1/50: a few sentences move it, one odd sentence does not)."""
         self.shape.update(seen, min(1.0, passes / 50))
 
-    def timed(self, speculative: bool, seconds: float, passes: int, source_passes: int) -> None:
+    def timed(
+        self,
+        speculative: bool,
+        seconds: float,
+        passes: int,
+        source_passes: int,
+        shape: PassShape | None = None,
+    ) -> None:
         """A call's measured time over its `passes` passes (`source_passes` live sources
-        summed over them) moves that kind's measured ÷ predicted factor (each pass weighs
-        1/200: timings are noisier than τ)."""
+        summed over them, of the call's own `shape` if speculative: its trees were not the
+        running mean's) moves that kind's measured ÷ predicted factor: a mean over the
+        passes timed so far, then each pass weighs 1/200 (timings are noisier than τ). A
+        slowly moving factor misleads: one that had climbed from 1 to 1.2 while the
+        other stood at 3 priced speculation 2.2× faster than it was."""
         self._timed_calls[speculative] += 1
         if self._timed_calls[speculative] == 1 or passes == 0:
             return
-        predicted = self.pass_ms(speculative, source_passes / passes)
+        predicted = self.pass_ms(speculative, source_passes / passes, shape)
         ratio = 1000 * seconds / passes / predicted
-        weight = min(1.0, passes / 200)
+        self._timed_passes[speculative] += passes
+        weight = min(1.0, passes / min(self._timed_passes[speculative], 200))
         self.factor[speculative] += weight * (ratio - self.factor[speculative])

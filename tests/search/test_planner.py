@@ -102,6 +102,19 @@ def test_measured_times_scale_the_calibrated_prices() -> None:
     assert planner.factor[True] == pytest.approx(1 + 0.25 * (3 - 1))  # 50 passes weigh 1/4
 
 
+def test_the_first_timed_passes_set_the_factor_as_their_mean() -> None:
+    """Until 200 passes are timed the factor is their mean, not a slow drift from 1: a
+    speculative factor still near 1 while the plain one had reached 3 once priced
+    speculation at 2.2x when it ran at 0.9x."""
+    planner = Planner(CPU, beam_size=5, shape=PassShape(tau=2.0))
+    spec = planner.pass_ms(True, 1)
+    planner.timed(True, seconds=1.0, passes=1, source_passes=1)  # the first: ignored
+    planner.timed(True, seconds=3 * spec * 10 / 1000, passes=10, source_passes=10)
+    assert planner.factor[True] == pytest.approx(3.0)
+    planner.timed(True, seconds=1 * spec * 30 / 1000, passes=30, source_passes=30)
+    assert planner.factor[True] == pytest.approx((3 * 10 + 1 * 30) / 40)
+
+
 def test_generator_times_both_kinds_of_call(tiny_target, tiny_draft, vocab_info, monkeypatch):
     """Speculative and plain calls report their times (the decision itself is fixed here:
     the tiny models' times would move it)."""
