@@ -18,6 +18,7 @@ import torch
 from fairseq2.error import NotSupportedError
 from fairseq2.models.transformer import (
     AttentionBias,
+    StandardTransformerEncoder,
     TorchSDPA,
     TransformerEmbeddingFrontend,
     TransformerModel,
@@ -35,6 +36,7 @@ from typing_extensions import override
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
 from specbeam.search.lean_decoder import LeanDecoder, cross_keys, lean_problem, padding_bias
+from specbeam.search.lean_encoder import encode, encoder_problem
 from specbeam.search.onednn import linear
 from specbeam.search.peak_cache import observe
 
@@ -181,7 +183,8 @@ class TreeDecoder:
         """`capacity` positions per hypothesis at most, allocated `capacity_increment` at
         a time (None: all at once). `encoder_output` skips encoding: a draft that reads
         its target's encoder output gets it from the target's decoder (`pair`). `lean`
-        runs the decoder as plain tensor ops if its layers allow (else as fairseq2's)."""
+        runs the encoder and decoder as plain tensor ops if their layers allow (else as
+        fairseq2's)."""
         frontend = model.decoder_frontend
         if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
             frontend.pos_encoder, SinusoidalPositionEncoder
@@ -195,8 +198,7 @@ class TreeDecoder:
         self.bias = TreeBias()
         self._tree_sdpas = [TorchSDPA(self.bias) for _ in model.decoder.layers]
         if encoder_output is None:
-            encoded, layout = model.encoder_frontend(source_seqs, source_layout)
-            encoder_output = model.encoder(encoded, layout)
+            encoder_output = _encode(model, source_seqs, source_layout, lean)
         self.encoder_output = encoder_output.to(dtype)
         self.encoder_seq_lens = list(source_layout.seq_lens)
         layers = list(model.decoder.layers)
@@ -312,6 +314,19 @@ class TreeDecoder:
         for layer in self.model.decoder.layers:
             state = self.state_bag.maybe_get_state(layer.encoder_decoder_attn, CrossAttentionState)
             state.reorder(keep)
+
+
+def _encode(
+    model: TransformerModel | DraftHead, source_seqs: Tensor, source_layout: BatchLayout, lean: bool
+) -> Tensor:
+    encoded, layout = model.encoder_frontend(source_seqs, source_layout)
+    problem = encoder_problem(model.encoder) if lean else None
+    if problem is None and lean and not model.encoder.training:
+        assert isinstance(model.encoder, StandardTransformerEncoder)
+        return encode(model.encoder, encoded, list(layout.seq_lens))
+    if problem is not None:
+        log.info("%s's encoder runs through fairseq2's modules: %s", _name(model), problem)
+    return model.encoder(encoded, layout)
 
 
 def _name(model: torch.nn.Module) -> str:
