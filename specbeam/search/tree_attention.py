@@ -36,7 +36,7 @@ from typing_extensions import override
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
 from specbeam.search.lean_decoder import LeanDecoder, cross_keys, lean_problem, padding_bias
-from specbeam.search.lean_encoder import encode, encoder_problem
+from specbeam.search.lean_encoder import MAX_TOKENS, encode, encoder_problem
 from specbeam.search.onednn import linear
 from specbeam.search.peak_cache import observe
 
@@ -320,8 +320,9 @@ def _encode(
     model: TransformerModel | DraftHead, source_seqs: Tensor, source_layout: BatchLayout, lean: bool
 ) -> Tensor:
     encoded, layout = model.encoder_frontend(source_seqs, source_layout)
+    lean = lean and source_seqs.numel() <= MAX_TOKENS and not model.encoder.training
     problem = encoder_problem(model.encoder) if lean else None
-    if problem is None and lean and not model.encoder.training:
+    if problem is None and lean:
         assert isinstance(model.encoder, StandardTransformerEncoder)
         return encode(model.encoder, encoded, list(layout.seq_lens))
     if problem is not None:

@@ -48,6 +48,10 @@ def test_lean_decoders_encode_on_the_lean_path(tiny_target, monkeypatch) -> None
     for row, n in enumerate(layout.seq_lens):
         assert torch.allclose(got[row, :n], want[row, :n], atol=TOL)
     assert len(calls) == 1  # the lean decoder's encoding; the other ran fairseq2's modules
+    monkeypatch.setattr(tree_attention, "MAX_TOKENS", src.numel() - 1)
+    with torch.inference_mode():
+        TreeDecoder(tiny_target, src, layout, hyps_per_source=1, capacity=16, lean=True)
+    assert len(calls) == 1  # a batch of more tokens: fairseq2's modules (MKL wins there)
 
 
 def test_encoders_the_lean_path_cannot_run_keep_fairseq2s(tiny_target, caplog) -> None:
