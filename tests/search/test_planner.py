@@ -129,3 +129,15 @@ def test_generator_times_both_kinds_of_call(tiny_target, tiny_draft, vocab_info,
             assert_plain_iff_not(speculative, generator, beam, batch=n, seed=43)
     assert planner._timed_calls == {False: 2, True: 2}
     assert planner.factor[False] != 1.0 and planner.factor[True] != 1.0
+
+
+def test_a_speculative_call_is_priced_at_its_own_trees() -> None:
+    """A call that drafted bigger trees than the running mean took longer as predicted for
+    those trees: the machine is no slower than calibrated."""
+    planner = Planner(CPU, beam_size=5, shape=PassShape(tau=2.0))
+    big = PassShape(tau=2.0, slots=60.0, draft_calls=4.0, draft_slots=10.0)
+    assert planner.pass_ms(True, 1, big) > planner.pass_ms(True, 1)
+    planner.timed(True, seconds=1.0, passes=1, source_passes=1)  # the first: ignored
+    seconds = planner.pass_ms(True, 1, big) * 10 / 1000
+    planner.timed(True, seconds=seconds, passes=10, source_passes=10, shape=big)
+    assert planner.factor[True] == pytest.approx(1.0)
