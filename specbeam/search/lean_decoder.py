@@ -19,6 +19,7 @@ from fairseq2.models.transformer import (
     StandardFeedForwardNetwork,
     StandardMultiheadAttention,
     StandardTransformerDecoderLayer,
+    StandardTransformerEncoderLayer,
     TransformerDecoder,
     TransformerNormOrder,
 )
@@ -44,16 +45,24 @@ def lean_problem(decoder: TransformerDecoder) -> str | None:
         if not isinstance(layer.ffn, StandardFeedForwardNetwork):
             return f"feed-forward network {type(layer.ffn).__name__}"
         for attn in (layer.self_attn, layer.encoder_decoder_attn):
-            if not isinstance(attn, StandardMultiheadAttention):
-                return f"attention type {type(attn).__name__}"
-            if attn.num_key_value_heads != attn.num_heads:
-                return "grouped-query attention"
-            scale = getattr(attn.sdpa, "scale", None)
-            if attn.q_norm or attn.k_norm or attn.pos_encoder or scale is not None:
-                return "attention with norms, positions or a custom scale"
+            problem = attention_problem(attn)
+            if problem is not None:
+                return problem
         norms = (layer.self_attn_layer_norm, layer.encoder_decoder_attn_layer_norm, layer.ffn_layer_norm)  # fmt: skip
         if not all(isinstance(n, StandardLayerNorm) for n in norms):
             return "layer norms other than StandardLayerNorm"
+    return None
+
+
+def attention_problem(attn: object) -> str | None:
+    """Why the lean path cannot run this attention layer (None: it can)."""
+    if not isinstance(attn, StandardMultiheadAttention):
+        return f"attention type {type(attn).__name__}"
+    if attn.num_key_value_heads != attn.num_heads:
+        return "grouped-query attention"
+    scale = getattr(attn.sdpa, "scale", None)
+    if attn.q_norm or attn.k_norm or attn.pos_encoder or scale is not None:
+        return "attention with norms, positions or a custom scale"
     return None
 
 
@@ -99,6 +108,13 @@ def decoder_layer(
     q = _heads(linear(h, attn.q_proj.weight, attn.q_proj.bias), attn.head_dim)
     out = _attend(q, *cross, cross_bias)
     x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+    return feed_forward(layer, x)
+
+
+def feed_forward(
+    layer: StandardTransformerDecoderLayer | StandardTransformerEncoderLayer, x: Tensor
+) -> Tensor:
+    """A pre-LN layer's feed-forward block with its residual (encoder layers alike)."""
     ffn = layer.ffn
     h = linear(_norm(x, layer.ffn_layer_norm), ffn.inner_proj.weight, ffn.inner_proj.bias)
     return x + linear(ffn.inner_activation(h), ffn.output_proj.weight, ffn.output_proj.bias)

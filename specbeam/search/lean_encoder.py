@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from fairseq2.models.transformer import (
     StandardFeedForwardNetwork,
-    StandardMultiheadAttention,
     StandardTransformerEncoder,
     StandardTransformerEncoderLayer,
     TransformerEncoder,
@@ -23,7 +22,15 @@ from fairseq2.nn import StandardLayerNorm
 from fairseq2.nn.residual import AdditiveResidualConnect
 from torch import Tensor
 
-from specbeam.search.lean_decoder import _attend, _heads, _norm, _params, padding_bias
+from specbeam.search.lean_decoder import (
+    _attend,
+    _heads,
+    _norm,
+    _params,
+    attention_problem,
+    feed_forward,
+    padding_bias,
+)
 from specbeam.search.onednn import linear, linears
 
 MAX_TOKENS = 1024
@@ -44,13 +51,9 @@ def encoder_problem(encoder: TransformerEncoder) -> str | None:
             return f"norm order {layer.norm_order.name}"
         if not isinstance(layer.ffn, StandardFeedForwardNetwork):
             return f"feed-forward network {type(layer.ffn).__name__}"
-        attn = layer.self_attn
-        if not isinstance(attn, StandardMultiheadAttention):
-            return f"attention type {type(attn).__name__}"
-        if attn.num_key_value_heads != attn.num_heads:
-            return "grouped-query attention"
-        if attn.q_norm or attn.k_norm or attn.pos_encoder or getattr(attn.sdpa, "scale", None):
-            return "attention with norms, positions or a custom scale"
+        problem = attention_problem(layer.self_attn)
+        if problem is not None:
+            return problem
         residuals = (layer.self_attn_residual, layer.ffn_residual)
         if not all(type(r) is AdditiveResidualConnect for r in residuals):
             return "residual connections other than additive"
@@ -69,8 +72,6 @@ def encode(encoder: StandardTransformerEncoder, x: Tensor, seq_lens: list[int]) 
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         q, k, v = (_heads(t, attn.head_dim) for t in linears(h, *_params(projs)))
         x = x + linear(_attend(q, k, v, bias), attn.output_proj.weight, attn.output_proj.bias)
-        ffn = layer.ffn
-        h = linear(_norm(x, layer.ffn_layer_norm), ffn.inner_proj.weight, ffn.inner_proj.bias)
-        x = x + linear(ffn.inner_activation(h), ffn.output_proj.weight, ffn.output_proj.bias)
+        x = feed_forward(layer, x)
     assert isinstance(encoder.layer_norm, StandardLayerNorm)
     return _norm(x, encoder.layer_norm)
