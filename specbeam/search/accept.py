@@ -8,6 +8,8 @@ j + 1 follows; otherwise the source stops after step j. So each pass advances ev
 source by 1 to D + 1 steps, and the result is plain beam search. One exception keeps a
 pass going: hypotheses off the tree whose own score (an upper bound on their children's)
 is below the k-th non-EOS candidate of step j + 1 cannot affect it.
+
+Beam 1 over a linear draft (spec greedy) ranks all steps of a pass in one batch instead.
 """
 
 from __future__ import annotations
@@ -74,6 +76,13 @@ class BeamAcceptor:
         tree: DraftTree,
         output: list[list[Hypothesis]],
     ) -> Acceptance:
+        if (
+            self.k == 1
+            and tree.width == 1
+            and self.relax is None
+            and not self.rules.step_processors
+        ):
+            return _accept_chain(self.rules, self.finish, state, verification, tree, output)
         k, width = self.k, tree.width
         num_sources = verification.logits.size(0)
         n = state.n
@@ -202,3 +211,60 @@ def _in_tree(tree: DraftTree, j: int, key: Tensor, token: Tensor) -> tuple[Tenso
     )
     match &= tree.valid[:, j, None, :]
     return match.any(-1), j * tree.width + match.int().argmax(-1)
+
+
+def _accept_chain(
+    rules: ScoringRules,
+    finish: HypothesisFactory,
+    state: BeamState,
+    verification: Verification,
+    tree: DraftTree,
+    output: list[list[Hypothesis]],
+) -> Acceptance:
+    """Beam 1 over a linear draft: fairseq2's step j keeps the best non-EOS extension of
+    the one hypothesis and finishes it if EOS ranks first. Every step's log-probs were
+    verified (the root, then each drafted node), so all γ + 1 steps are ranked in one
+    batch: the pass keeps the leading steps that chose the drafted token, then the
+    target's own choice. No step processors: they need each step's prefix."""
+    num_sources, depth = tree.tokens.shape[:2]
+    slots = torch.cat([verification.root_slots, verification.node_slots[..., 0]], 1)  # (S, D+1)
+    lprobs = rules.log_probs(verification.logits_at(slots))  # (S, D+1, V)
+    step_nr = state.step_nr[:, None] + torch.arange(depth + 1)  # (S, D+1)
+    rules.apply(lprobs.view(-1, 1, lprobs.size(-1)), step_nr.flatten(), state.seqs)
+    drafted = tree.tokens[..., 0]  # (S, D)
+    # Path scores by fp32 additions in step order, as the step-by-step search adds them
+    # (a cumsum may accumulate differently).
+    path = [state.scores[:, 0]]
+    drafted_lprobs = lprobs[:, :depth].gather(2, drafted[..., None]).squeeze(-1)
+    for d in range(depth):
+        path.append(path[-1] + drafted_lprobs[:, d])
+    top, token = (torch.stack(path, 1)[..., None] + lprobs).topk(2)  # (S, D+1, 2)
+    is_eos = token[..., 0] == rules.eos_idx
+    # The best non-EOS candidate continues; an EOS in first place finishes the hypothesis.
+    choice, score = (torch.where(is_eos, t[..., 1], t[..., 0]) for t in (token, top))
+    match = tree.valid[..., 0] & ~is_eos[:, :depth] & (choice[:, :depth] == drafted)
+    accepted = match.int().cumprod(1).sum(1)  # (S,) leading drafted steps kept
+    steps = accepted + 1
+    last = accepted[:, None]
+    finished = is_eos.gather(1, last).squeeze(1)
+    # Steps up to `accepted` write their choice (the drafted token, then the target's).
+    seqs, step_scores = state.seqs[:, 0], state.step_scores[:, 0]  # (S, L)
+    at = step_nr.clamp(max=seqs.size(1) - 1)
+    write = torch.arange(depth + 1) <= last
+    seqs.scatter_(1, at, torch.where(write, choice, seqs.gather(1, at)))
+    step_scores.scatter_(1, at, torch.where(write, score, step_scores.gather(1, at)))
+    end = state.step_nr + accepted
+    eos_score = top[..., 0].gather(1, last).squeeze(1)
+    for s in finished.nonzero().squeeze(1).tolist():
+        t = int(end[s])
+        output[int(state.source_ids[s])].append(finish(seqs[s], step_scores[s], eos_score[s], t))
+    state.scores = score.gather(1, last)
+    state.step_nr = state.step_nr + steps
+    return Acceptance(
+        origin=torch.zeros((num_sources, 1), dtype=torch.int64),
+        node=last - 1,
+        roots=choice.gather(1, last),
+        steps=steps,
+        accepted=accepted,
+        done=finished,
+    )

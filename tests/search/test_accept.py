@@ -3,10 +3,12 @@ the draft missed."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
+from fairseq2.generation.step_processor import StepProcessor
 
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
@@ -78,3 +80,77 @@ def test_an_off_tree_hypothesis_that_could_reach_the_beam_stops_the_pass() -> No
     assert acceptance.steps.tolist() == [1]
     assert state.seqs[0, :, 3].tolist() == [3, 4]
     assert output == [[]]
+
+
+class _NoOp(StepProcessor):
+    """Sends acceptance down the step-by-step loop without changing a log-prob."""
+
+    def __call__(self, seqs: torch.Tensor, probs: torch.Tensor, lprob: bool = False) -> None:
+        pass
+
+
+def _chain_case(seed: int) -> tuple:
+    """Beam 1 over a random drafted chain: logits that often agree with the draft, EOS
+    often likely, sources near the length limits, sometimes an UNK bonus or penalty."""
+    gen = torch.Generator().manual_seed(seed)
+    num_sources, depth, vocab = 4, int(torch.randint(0, 5, (1,), generator=gen)), 6
+    max_seq_len = 12
+    drafted = torch.randint(0, vocab, (num_sources, depth), generator=gen)
+    logits = torch.randn((num_sources, 1 + depth, vocab), generator=gen)
+    agree = torch.rand((num_sources, depth), generator=gen) < 0.85
+    logits[:, :depth].scatter_add_(2, drafted[..., None], 4.0 * agree[..., None].float())
+    logits[..., EOS] += 2.0 * (torch.rand((num_sources, 1 + depth), generator=gen) < 0.2)
+    state = BeamState.start(torch.tensor([[EOS, 2]] * num_sources), 1, max_seq_len)
+    state.step_nr = torch.randint(2, max_seq_len, (num_sources,), generator=gen)
+    state.scores = -torch.rand((num_sources, 1), generator=gen) * 5
+    state.seqs[:, 0, 2:] = torch.randint(2, vocab, (num_sources, max_seq_len - 2), generator=gen)
+    state.step_scores[:, 0] = -torch.rand((num_sources, max_seq_len), generator=gen)
+    node_slots = torch.arange(1, depth + 1).expand(num_sources, depth)[..., None]
+    verification = Verification(
+        SlotTable(num_sources, 1 + depth, torch.device("cpu")),
+        chain_slots=torch.zeros((num_sources, 1, 1), dtype=torch.int64),
+        node_slots=node_slots,
+        hidden=torch.zeros((num_sources, 1 + depth, 1)),
+        logits=logits,
+    )
+    tree = DraftTree(
+        tokens=drafted[..., None],
+        parents=torch.zeros((num_sources, depth, 1), dtype=torch.int64),
+        valid=torch.rand((num_sources, depth, 1), generator=gen) < 0.9,
+        scores=torch.zeros((num_sources, depth, 1)),
+    )
+    unk = [None, 3][seed % 2]
+    penalty = [0.0, -1.0, 2.0][seed % 3]
+    return state, verification, tree, unk, penalty, max_seq_len
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_beam_one_over_a_chain_ranks_every_step_as_the_step_loop_does(seed: int) -> None:
+    state, verification, tree, unk, penalty, max_seq_len = _chain_case(seed)
+    finish = HypothesisFactory(EOS, 2, echo_prompt=False, normalize_scores=True, len_penalty=1.0)
+    results = []
+    for processors in [(), (_NoOp(),)]:
+        rules = ScoringRules(EOS, PAD, unk, penalty, 1.0, 4, max_seq_len, processors)
+        s = copy.deepcopy(state)
+        output: list[list] = [[] for _ in range(len(s.step_nr))]
+        acceptance = BeamAcceptor(rules, 1, finish).accept(s, verification, tree, output)
+        results.append((acceptance, s, output))
+    (fast, fast_state, fast_out), (loop, loop_state, loop_out) = results
+    for field in ["steps", "accepted", "done"]:
+        assert getattr(fast, field).tolist() == getattr(loop, field).tolist(), field
+    live = ~loop.done
+    for field in ["origin", "node", "roots"]:
+        assert getattr(fast, field)[live].tolist() == getattr(loop, field)[live].tolist(), field
+    assert torch.equal(fast_state.step_nr, loop_state.step_nr)
+    assert torch.equal(fast_state.scores[live], loop_state.scores[live])
+    for row in live.nonzero().squeeze(1).tolist():
+        end = int(loop_state.step_nr[row])
+        assert fast_state.seqs[row, 0, :end].tolist() == loop_state.seqs[row, 0, :end].tolist()
+        assert torch.equal(
+            fast_state.step_scores[row, 0, :end], loop_state.step_scores[row, 0, :end]
+        )
+    for want, got in zip(loop_out, fast_out, strict=True):
+        assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want]
+        assert [float(h.score) for h in got] == [float(h.score) for h in want]
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g.step_scores, w.step_scores)
