@@ -39,6 +39,10 @@ class HardwareConfig:
     """Linear layers of the lean decoders through oneDNN with packed weights
     (`specbeam.search.onednn`): about 2× faster decoder calls on AVX-512 CPUs where
     MKL's sgemm is slow; false: PyTorch's default."""
+    onednn_min_rows: int | None = None
+    """fp32 products of fewer rows run on PyTorch's default (MKL) instead; unset: 8 on
+    Intel CPUs, where MKL's small-GEMM kernels win there, 1 elsewhere
+    (`onednn.default_min_rows`)."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""
     memory_budget_mb: float = 0
@@ -71,8 +75,13 @@ class HardwareConfig:
                 f"hardware.memory_budget_mb={self.memory_budget_mb} is invalid: must be ≥ 0 "
                 "(0 = unlimited)"
             )
+        if self.onednn_min_rows is not None and self.onednn_min_rows < 1:
+            raise ValueError(
+                f"hardware.onednn_min_rows={self.onednn_min_rows} is invalid: must be ≥ 1"
+            )
         torch.set_num_threads(self.threads)
         onednn.enable(self.onednn)
+        onednn.set_min_rows(self.onednn_min_rows or onednn.default_min_rows())
 
     @property
     def draft_torch_dtype(self) -> torch.dtype:

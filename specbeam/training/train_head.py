@@ -64,6 +64,10 @@ class TrainHeadConfig:
     """Where the target's states and top k over `data` are stored (computed if missing)."""
     out_dir: str = "~/.cache/specbeam/head"
     num_layers: int = 1
+    init: str = ""
+    """A head checkpoint to start from (e.g. tasks/bible_es_en/models/head.pt: more data
+    for the shipped head), in place of the target's last layer; its layer count wins.
+    A run that resumes from `out_dir` ignores it."""
     top_k: int = 16
     unroll: int = 3
     """Drafting steps trained per position (the depth the head drafts to)."""
@@ -211,7 +215,14 @@ class HeadTrainer:
         self.train_rows = sorted(order[cfg.valid_pairs :])
         target = load_model(target_path)
         target.requires_grad_(False)
-        self.head = DraftHead(target, HeadArch(num_layers=cfg.num_layers))
+        if cfg.init:
+            init = _repo_path(cfg.init)
+            self.head = load_model(init, target=target)
+            if not isinstance(self.head, DraftHead):
+                raise ValueError(f"init={cfg.init}: {init} is not a draft head")
+            log.info("starting from %s (%d layers)", init, self.head.arch.num_layers)
+        else:
+            self.head = DraftHead(target, HeadArch(num_layers=cfg.num_layers))
         self.head.requires_grad_(False)
         for p in self.head.own_parameters():
             p.requires_grad_(True)

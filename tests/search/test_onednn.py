@@ -12,9 +12,12 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _enabled():
+    """oneDNN at every row count, as on CPUs other than Intel's."""
     onednn.enable(True)
+    onednn.set_min_rows(1)
     yield
     onednn.enable(True)
+    onednn.set_min_rows(onednn.default_min_rows())
 
 
 def weights(out: int = 96, inp: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,3 +148,18 @@ def test_stacked_linears_run_torch_under_autograd_and_when_off():
         got = linears(x, ws, bs)
     assert ws[0] not in onednn._fused
     assert all(torch.equal(o, torch_linear(x, w, b)) for o, w, b in zip(got, ws, bs, strict=True))
+
+
+@torch.inference_mode()
+def test_fp32_products_below_min_rows_run_torch_linear():
+    """Bit for bit torch's below the threshold (MKL's kernels); oneDNN from it on."""
+    w, b = weights()
+    stacked = [weights(seed=s) for s in (1, 2)]
+    onednn.set_min_rows(4)
+    few, many = torch.randn(3, 64), torch.randn(2, 2, 64)
+    assert torch.equal(linear(few, w, b), torch_linear(few, w, b))
+    outs = linears(few, [s[0] for s in stacked], [s[1] for s in stacked])
+    for out, (ws, bs) in zip(outs, stacked, strict=True):
+        assert torch.equal(out, torch_linear(few, ws, bs))
+    packed_out = torch.ops.mkldnn._linear_pointwise(many, packed(w), b, "none", [], "")
+    assert torch.equal(linear(many, w, b), packed_out)
