@@ -98,11 +98,15 @@ class BeamAcceptor:
         stop_here = final  # where each source ends if it cannot take the next step
         known = torch.ones((num_sources, n), dtype=torch.bool)  # hypotheses with verified log-probs
         rows = torch.arange(num_sources)[:, None]
+        every_slot = None if self.rules.step_processors else self._slot_log_probs(verification)
         for j in range(tree.depth + 1):
             step_nr = state.step_nr + j
-            lprobs = self.rules.log_probs(verification.logits_at(slot))  # (S, n, V)
+            if every_slot is None:
+                lprobs = self.rules.log_probs(verification.logits_at(slot))  # (S, n, V)
+                self.rules.apply(lprobs, step_nr, seqs)
+            else:
+                lprobs = every_slot[rows, slot]
             vocab = lprobs.size(-1)
-            self.rules.apply(lprobs, step_nr, seqs)
             lprobs.masked_fill_(~known[..., None], -torch.inf)
             top, index = (scores[..., None] + lprobs).flatten(1).topk(min(2 * k, lprobs[0].numel()))
             parent, token = index // vocab, index % vocab
@@ -176,6 +180,15 @@ class BeamAcceptor:
         state.step_nr = state.step_nr + steps
         state.n = k
         return Acceptance(*final, steps=steps, accepted=accepted, done=done)
+
+    def _slot_log_probs(self, verification: Verification) -> Tensor:
+        """The scored log-probs (S, T, V) of every slot at once: a slot at position p
+        predicts sequence index p + 1, so the rules need no hypothesis' prefix (step
+        processors do). One call each instead of one per replay step."""
+        lprobs = self.rules.log_probs(verification.logits)
+        step_nr = verification.table.positions[:, : lprobs.size(1)] + 1
+        self.rules.apply(lprobs.view(-1, 1, lprobs.size(-1)), step_nr.flatten(), lprobs)
+        return lprobs
 
     def _finish(
         self,

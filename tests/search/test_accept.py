@@ -105,11 +105,12 @@ def _chain_case(seed: int) -> tuple:
     state.scores = -torch.rand((num_sources, 1), generator=gen) * 5
     state.seqs[:, 0, 2:] = torch.randint(2, vocab, (num_sources, max_seq_len - 2), generator=gen)
     state.step_scores[:, 0] = -torch.rand((num_sources, max_seq_len), generator=gen)
-    node_slots = torch.arange(1, depth + 1).expand(num_sources, depth)[..., None]
+    table = SlotTable(num_sources, 1 + depth, torch.device("cpu"))
+    table.positions[:] = state.step_nr[:, None] - 1 + torch.arange(1 + depth)  # root first
     verification = Verification(
-        SlotTable(num_sources, 1 + depth, torch.device("cpu")),
+        table,
         chain_slots=torch.zeros((num_sources, 1, 1), dtype=torch.int64),
-        node_slots=node_slots,
+        node_slots=torch.arange(1, depth + 1).expand(num_sources, depth)[..., None],
         hidden=torch.zeros((num_sources, 1 + depth, 1)),
         logits=logits,
     )
@@ -124,33 +125,53 @@ def _chain_case(seed: int) -> tuple:
     return state, verification, tree, unk, penalty, max_seq_len
 
 
+def _widened(verification: Verification, tree: DraftTree) -> tuple[Verification, DraftTree]:
+    """The same chain in a tree of width 2 whose second column is empty: the step loop."""
+
+    def pad(t: torch.Tensor, value: float | bool) -> torch.Tensor:
+        return torch.cat([t, torch.full_like(t, value)], dim=-1)
+
+    tree = DraftTree(
+        pad(tree.tokens, 0), pad(tree.parents, 0), pad(tree.valid, False), pad(tree.scores, 0)
+    )
+    verification = copy.copy(verification)
+    verification.node_slots = pad(verification.node_slots, 0)
+    return verification, tree
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_beam_one_over_a_chain_ranks_every_step_as_the_step_loop_does(seed: int) -> None:
+    """Three ways to the same steps: the chain's batched ranking, the step loop on
+    log-probs scored for every slot at once, and the step loop scoring each step (a
+    step processor that changes nothing forces it)."""
     state, verification, tree, unk, penalty, max_seq_len = _chain_case(seed)
     finish = HypothesisFactory(EOS, 2, echo_prompt=False, normalize_scores=True, len_penalty=1.0)
     results = []
-    for processors in [(), (_NoOp(),)]:
+    for processors, wide in [((), False), ((), True), ((_NoOp(),), False)]:
         rules = ScoringRules(EOS, PAD, unk, penalty, 1.0, 4, max_seq_len, processors)
+        v, t = _widened(verification, tree) if wide else (verification, tree)
         s = copy.deepcopy(state)
         output: list[list] = [[] for _ in range(len(s.step_nr))]
-        acceptance = BeamAcceptor(rules, 1, finish).accept(s, verification, tree, output)
+        acceptance = BeamAcceptor(rules, 1, finish).accept(s, v, t, output)
+        acceptance.node = torch.where(acceptance.node < 0, -1, acceptance.node // t.width)
         results.append((acceptance, s, output))
-    (fast, fast_state, fast_out), (loop, loop_state, loop_out) = results
-    for field in ["steps", "accepted", "done"]:
-        assert getattr(fast, field).tolist() == getattr(loop, field).tolist(), field
+    (loop, loop_state, loop_out) = results[-1]
     live = ~loop.done
-    for field in ["origin", "node", "roots"]:
-        assert getattr(fast, field)[live].tolist() == getattr(loop, field)[live].tolist(), field
-    assert torch.equal(fast_state.step_nr, loop_state.step_nr)
-    assert torch.equal(fast_state.scores[live], loop_state.scores[live])
-    for row in live.nonzero().squeeze(1).tolist():
-        end = int(loop_state.step_nr[row])
-        assert fast_state.seqs[row, 0, :end].tolist() == loop_state.seqs[row, 0, :end].tolist()
-        assert torch.equal(
-            fast_state.step_scores[row, 0, :end], loop_state.step_scores[row, 0, :end]
-        )
-    for want, got in zip(loop_out, fast_out, strict=True):
-        assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want]
-        assert [float(h.score) for h in got] == [float(h.score) for h in want]
-        for g, w in zip(got, want, strict=True):
-            assert torch.equal(g.step_scores, w.step_scores)
+    for fast, fast_state, fast_out in results[:-1]:
+        for field in ["steps", "accepted", "done"]:
+            assert getattr(fast, field).tolist() == getattr(loop, field).tolist(), field
+        for field in ["origin", "node", "roots"]:
+            assert getattr(fast, field)[live].tolist() == getattr(loop, field)[live].tolist()
+        assert torch.equal(fast_state.step_nr, loop_state.step_nr)
+        assert torch.equal(fast_state.scores[live], loop_state.scores[live])
+        for row in live.nonzero().squeeze(1).tolist():
+            end = int(loop_state.step_nr[row])
+            assert fast_state.seqs[row, 0, :end].tolist() == loop_state.seqs[row, 0, :end].tolist()
+            assert torch.equal(
+                fast_state.step_scores[row, 0, :end], loop_state.step_scores[row, 0, :end]
+            )
+        for want, got in zip(loop_out, fast_out, strict=True):
+            assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want]
+            assert [float(h.score) for h in got] == [float(h.score) for h in want]
+            for g, w in zip(got, want, strict=True):
+                assert torch.equal(g.step_scores, w.step_scores)
