@@ -40,8 +40,8 @@ class HardwareConfig:
     (`specbeam.search.onednn`): about 2× faster decoder calls on AVX-512 CPUs where
     MKL's sgemm is slow; false: PyTorch's default."""
     onednn_min_rows: int | None = None
-    """fp32 products of fewer rows run on PyTorch's default (MKL) instead; unset: 8 on
-    Intel CPUs, where MKL's small-GEMM kernels win there, 1 elsewhere
+    """fp32 products of fewer rows run on PyTorch's default (MKL) instead. Unset: 8 on
+    Intel CPUs, whose MKL small-GEMM kernels win below that, 1 elsewhere
     (`onednn.default_min_rows`)."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""

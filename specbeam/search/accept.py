@@ -98,7 +98,7 @@ class BeamAcceptor:
         stop_here = final  # where each source ends if it cannot take the next step
         known = torch.ones((num_sources, n), dtype=torch.bool)  # hypotheses with verified log-probs
         rows = torch.arange(num_sources)[:, None]
-        every_slot = None if self.rules.step_processors else self._slot_log_probs(verification)
+        every_slot = None if self.rules.step_processors else _scored(self.rules, verification)
         for j in range(tree.depth + 1):
             step_nr = state.step_nr + j
             if every_slot is None:
@@ -181,15 +181,6 @@ class BeamAcceptor:
         state.n = k
         return Acceptance(*final, steps=steps, accepted=accepted, done=done)
 
-    def _slot_log_probs(self, verification: Verification) -> Tensor:
-        """The scored log-probs (S, T, V) of every slot at once: a slot at position p
-        predicts sequence index p + 1, so the rules need no hypothesis' prefix (step
-        processors do). One call each instead of one per replay step."""
-        lprobs = self.rules.log_probs(verification.logits)
-        step_nr = verification.table.positions[:, : lprobs.size(1)] + 1
-        self.rules.apply(lprobs.view(-1, 1, lprobs.size(-1)), step_nr.flatten(), lprobs)
-        return lprobs
-
     def _finish(
         self,
         finishing: Tensor,
@@ -226,6 +217,20 @@ def _in_tree(tree: DraftTree, j: int, key: Tensor, token: Tensor) -> tuple[Tenso
     return match.any(-1), j * tree.width + match.int().argmax(-1)
 
 
+def _scored(rules: ScoringRules, verification: Verification, slots: Tensor | None = None) -> Tensor:
+    """The log-probs (S, m, V) of slots (S, m) (None: every slot) with fairseq2's rules
+    applied. A slot at position p predicts sequence index p + 1, so the rules need no
+    hypothesis' prefix (step processors do), and all replay steps are scored at once."""
+    if slots is None:
+        lprobs = rules.log_probs(verification.logits)
+        step_nr = verification.table.positions[:, : lprobs.size(1)] + 1
+    else:
+        lprobs = rules.log_probs(verification.logits_at(slots))
+        step_nr = verification.table.positions.gather(1, slots) + 1
+    rules.apply(lprobs.view(-1, 1, lprobs.size(-1)), step_nr.flatten())
+    return lprobs
+
+
 def _accept_chain(
     rules: ScoringRules,
     finish: HypothesisFactory,
@@ -241,9 +246,7 @@ def _accept_chain(
     target's own choice. No step processors: they need each step's prefix."""
     num_sources, depth = tree.tokens.shape[:2]
     slots = torch.cat([verification.root_slots, verification.node_slots[..., 0]], 1)  # (S, D+1)
-    lprobs = rules.log_probs(verification.logits_at(slots))  # (S, D+1, V)
-    step_nr = state.step_nr[:, None] + torch.arange(depth + 1)  # (S, D+1)
-    rules.apply(lprobs.view(-1, 1, lprobs.size(-1)), step_nr.flatten(), state.seqs)
+    lprobs = _scored(rules, verification, slots)  # (S, D+1, V)
     drafted = tree.tokens[..., 0]  # (S, D)
     # Path scores by fp32 additions in step order, as the step-by-step search adds them
     # (a cumsum may accumulate differently).
@@ -262,7 +265,7 @@ def _accept_chain(
     finished = is_eos.gather(1, last).squeeze(1)
     # Steps up to `accepted` write their choice (the drafted token, then the target's).
     seqs, step_scores = state.seqs[:, 0], state.step_scores[:, 0]  # (S, L)
-    at = step_nr.clamp(max=seqs.size(1) - 1)
+    at = (state.step_nr[:, None] + torch.arange(depth + 1)).clamp(max=seqs.size(1) - 1)
     write = torch.arange(depth + 1) <= last
     seqs.scatter_(1, at, torch.where(write, choice, seqs.gather(1, at)))
     step_scores.scatter_(1, at, torch.where(write, score, step_scores.gather(1, at)))

@@ -20,6 +20,7 @@ So fp32 products of fewer than `min_rows` rows go to MKL: by default 8 on Intel 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -39,6 +40,7 @@ def enable(on: bool) -> None:
     _enabled = on
 
 
+@functools.cache
 def default_min_rows() -> int:
     """Rows from which fp32 products run on oneDNN when `hardware.onednn_min_rows` is
     not set: 8 on Intel CPUs (MKL's own kernels win below), 1 elsewhere."""

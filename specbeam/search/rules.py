@@ -31,10 +31,10 @@ class ScoringRules:
             logits = logits / self.temperature
         return log_softmax(logits, dim=-1, dtype=torch.float32)
 
-    def apply(self, lprobs: Tensor, step_nr: Tensor, seqs: Tensor) -> None:
+    def apply(self, lprobs: Tensor, step_nr: Tensor, seqs: Tensor | None = None) -> None:
         """Edits lprobs (S, n, V) in place for sources at sequence index step_nr (S,).
 
-        seqs (S, n, L) holds the hypotheses' tokens, for step processors.
+        seqs (S, n, L) holds the hypotheses' tokens; only step processors need them.
         """
         eos = self.eos_idx
         forced = step_nr == self.max_seq_len - 1
@@ -44,6 +44,8 @@ class ScoringRules:
             lprobs[forced, :, eos] = eos_lprobs
         free = ~forced
         if self.step_processors:
+            if seqs is None:
+                raise ValueError("step processors need the hypotheses' tokens (`seqs`)")
             self._run_processors(lprobs, step_nr, seqs, free)
         if self.unk_idx is not None:
             lprobs[free, :, self.unk_idx] -= self.unk_penalty
