@@ -9,7 +9,12 @@ source by 1 to D + 1 steps, and the result is plain beam search. One exception k
 pass going: hypotheses off the tree whose own score (an upper bound on their children's)
 is below the k-th non-EOS candidate of step j + 1 cannot affect it.
 
-Beam 1 over a linear draft (spec greedy) ranks all steps of a pass in one batch instead.
+The vocabulary-wide work (log-softmax of every slot once, adding scores, the top 2k)
+runs in torch; the bookkeeping on (S, k)-sized arrays runs in numpy, whose ops cost under
+a microsecond against torch's 2-5 µs of dispatch (a pass at beam 5 and γ 2 makes about
+150 of them). Each step keeps its parents, tokens and scores; the hypotheses' tokens and
+scores are written once, at the end (`_Replay`). Beam 1 over a linear draft (spec
+greedy) ranks all steps of a pass in one batch instead.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import final
 
+import numpy as np
 import torch
 from fairseq2.generation import Hypothesis
 from torch import Tensor
@@ -83,138 +89,200 @@ class BeamAcceptor:
             and not self.rules.step_processors
         ):
             return _accept_chain(self.rules, self.finish, state, verification, tree, output)
-        k, width = self.k, tree.width
-        num_sources = verification.logits.size(0)
-        n = state.n
-        origin = torch.arange(n).expand(num_sources, n)
-        node = torch.full((num_sources, n), -1)
-        slot = verification.root_slots
-        scores, seqs, step_scores = state.scores, state.seqs[:, :n], state.step_scores[:, :n]
-        active = torch.ones(num_sources, dtype=torch.bool)
-        done = torch.zeros(num_sources, dtype=torch.bool)
-        steps = torch.zeros(num_sources, dtype=torch.int64)
-        accepted = torch.zeros(num_sources, dtype=torch.int64)
-        final = (torch.zeros((num_sources, k), dtype=torch.int64), torch.full((num_sources, k), -1), torch.zeros((num_sources, k), dtype=torch.int64))  # fmt: skip
-        stop_here = final  # where each source ends if it cannot take the next step
-        known = torch.ones((num_sources, n), dtype=torch.bool)  # hypotheses with verified log-probs
-        rows = torch.arange(num_sources)[:, None]
+        k, width, n = self.k, tree.width, state.n
+        num_sources, num_slots, vocab = verification.logits.shape
         every_slot = None if self.rules.step_processors else _scored(self.rules, verification)
+        # Row r of the replay: live hypothesis r < n, else tree node r - n; its slot, as
+        # an index into the flattened (S * T, V) log-probs.
+        slots = torch.cat([verification.root_slots, verification.node_slots.flatten(1)], 1)
+        flat_slots = (slots + torch.arange(num_sources)[:, None] * num_slots).numpy()  # (S, R)
+        keys = _node_keys(tree, n, vocab)  # (S, R)
+        replay = _Replay(state)
+        sources = np.arange(num_sources)[:, None]
+        scores = state.scores.numpy()
+        row = np.tile(np.arange(n), (num_sources, 1))  # (S, h) -1: off the tree, not verified
+        last = row  # the deepest verified row on each hypothesis' path
+        active = np.ones(num_sources, dtype=bool)
+        done = np.zeros(num_sources, dtype=bool)
+        accepted = np.zeros(num_sources, dtype=np.int64)
         for j in range(tree.depth + 1):
-            step_nr = state.step_nr + j
+            # row -1 reads some row: masked below.
+            at_slot = torch.from_numpy(flat_slots[sources, np.maximum(row, 0)])
             if every_slot is None:
-                lprobs = self.rules.log_probs(verification.logits_at(slot))  # (S, n, V)
-                self.rules.apply(lprobs, step_nr, seqs)
+                logits = verification.logits.flatten(0, 1).index_select(0, at_slot.flatten())
+                lprobs = self.rules.log_probs(logits).view(num_sources, -1, vocab)
+                self.rules.apply(lprobs, state.step_nr + j, replay.prefixes()[0])
             else:
-                lprobs = every_slot[rows, slot]
-            vocab = lprobs.size(-1)
-            lprobs.masked_fill_(~known[..., None], -torch.inf)
-            top, index = (scores[..., None] + lprobs).flatten(1).topk(min(2 * k, lprobs[0].numel()))
-            parent, token = index // vocab, index % vocab
+                lprobs = every_slot.flatten(0, 1).index_select(0, at_slot.flatten())
+                lprobs = lprobs.view(num_sources, -1, vocab)  # (S, h, V)
+            off = row < 0
+            some_off = j > 0 and bool(off.any())
+            bases = np.where(off, np.float32(-np.inf), scores) if some_off else scores
+            cand = (torch.from_numpy(bases)[..., None] + lprobs).flatten(1)
+            top, index = (t.numpy() for t in cand.topk(min(2 * k, cand.size(1))))
+            token = index % vocab
             is_eos = token == self.rules.eos_idx
-            keep = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :k]
-            # A hypothesis off the tree has no verified log-probs, but its children score at
-            # most its own score. The step is decided by the candidates up to the k-th
-            # non-EOS one: below it, none of those children could change it.
-            unknown = (~known).any(-1)
-            decisive = top.gather(1, keep[:, -1:]).squeeze(1)
-            fits = ~unknown | (scores.masked_fill(known, -torch.inf).amax(-1) < decisive)
-            late = active & ~fits
-            if late.any():
-                for f, s in zip(final, stop_here, strict=True):
-                    f[late] = s[late]
-                active = active & fits
+            keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]
+            if some_off:
+                # A hypothesis off the tree has no verified log-probs, but its children
+                # score at most its own score. The step is decided by the candidates up to
+                # the k-th non-EOS one: below it, none of those children could change it.
+                decisive = top[sources[:, 0], keep[:, -1]]
+                reach = np.where(off, scores, -np.inf).max(-1)
+                active &= ~off.any(-1) | (reach < decisive)  # else the pass ends before j
             finishing = is_eos[:, :k] & active[:, None]
             if finishing.any():
-                self._finish(
-                    finishing,
-                    parent,
-                    top,
-                    seqs,
-                    step_scores,
-                    step_nr,
-                    state.source_ids,
-                    output,
-                    done,
-                )
-            parent, token, top = parent.gather(1, keep), token.gather(1, keep), top.gather(1, keep)
-            # Level j's id of each current hypothesis (its index below the roots).
-            key = origin if j == 0 else node - (j - 1) * width
-            in_tree, child = _in_tree(tree, j, key.gather(1, parent), token)
+                seqs, step_scores, _ = replay.prefixes()
+                self._finish(finishing, index // vocab, top, seqs, step_scores, state.step_nr + j, state.source_ids, output, done)  # fmt: skip
+            index, token, top = index[sources, keep], token[sources, keep], top[sources, keep]
+            parent = index // vocab
+            # A node's key is its parent's row and its token; an off-tree parent has none.
+            key = row[sources, parent] * vocab + token
+            match = key[..., None] == keys[:, None, :]  # (S, k, R)
+            in_tree, child = match.any(-1), match.argmax(-1)  # child: a row
             go_on = in_tree.all(-1)
             if self.relax is not None and j < tree.depth and width >= k:
-                r = relaxed_step(self.relax, lprobs, scores, key, tree, j, k)
-                swap = (r.ok & ~go_on)[:, None]
-                parent, token = (
-                    torch.where(swap, r.parent, parent),
-                    torch.where(swap, r.token, token),
+                level = row if j == 0 else row - n - (j - 1) * width  # ids in level j's parents
+                r = relaxed_step(
+                    self.relax,
+                    lprobs,
+                    torch.from_numpy(scores),
+                    torch.from_numpy(level),
+                    tree,
+                    j,
+                    k,
                 )
-                top, child = torch.where(swap, r.score, top), torch.where(swap, r.child, child)
+                swap = (r.ok.numpy() & ~go_on)[:, None]
+                parent = np.where(swap, r.parent.numpy(), parent)
+                token = np.where(swap, r.token.numpy(), token)
+                top = np.where(swap, r.score.numpy(), top)
+                child = np.where(swap, n + r.child.numpy(), child)
                 in_tree |= swap
                 go_on |= swap[:, 0]
             if self.bounded:
                 go_on |= in_tree.any(-1)  # the next step checks the others are out of reach
             go_on &= active & ~done
-            new_seqs, new_step_scores = seqs[rows, parent], step_scores[rows, parent]
-            # Sources that stopped earlier in this pass may run past the end; discarded below.
-            at = step_nr.clamp(max=seqs.size(-1) - 1)[:, None, None].expand(-1, k, 1)
-            new_seqs.scatter_(2, at, token[..., None])
-            new_step_scores.scatter_(2, at, top[..., None])
-            origin, parent_node = origin.gather(1, parent), node.gather(1, parent)
-            stop_here = (origin, parent_node, token)
-            stop = active & ~go_on & ~done
-            for f, s in zip(final, stop_here, strict=True):
-                f[stop] = s[stop]
-            steps += active
-            accepted += (go_on[:, None] & in_tree).sum(-1)
-            update = active[:, None]
-            scores = torch.where(update, top, scores)
-            seqs = torch.where(update[..., None], new_seqs, seqs)
-            step_scores = torch.where(update[..., None], new_step_scores, step_scores)
-            known = in_tree | ~go_on[:, None]
-            node = torch.where(go_on[:, None] & in_tree, child, parent_node)
-            slot = verification.slot_of(origin, node)
+            take = in_tree & go_on[:, None]
+            parent_last = last[sources, parent]
+            replay.add(parent, token, top, parent_last, active)
+            accepted += take.sum(-1)
+            last = np.where(take, child, parent_last)
+            row = np.where(take, child, -1)
+            scores = top
             active = go_on
             if not active.any():
                 break
-        state.seqs, state.step_scores, state.scores = seqs, step_scores, scores
-        state.step_nr = state.step_nr + steps
+        seqs, step_scores, origin = replay.prefixes()
+        steps, (_, roots, scores, parent_last) = replay.final()
+        state.seqs, state.step_scores = seqs, step_scores
+        state.scores = torch.from_numpy(scores)
+        state.step_nr = state.step_nr + torch.from_numpy(steps)
         state.n = k
-        return Acceptance(*final, steps=steps, accepted=accepted, done=done)
+        return Acceptance(
+            origin=torch.from_numpy(origin),
+            node=torch.from_numpy(np.maximum(parent_last - n, -1)),
+            roots=torch.from_numpy(roots),
+            steps=torch.from_numpy(steps),
+            accepted=torch.from_numpy(accepted),
+            done=torch.from_numpy(done),
+        )
 
     def _finish(
         self,
-        finishing: Tensor,
-        parent: Tensor,
-        top: Tensor,
+        finishing: np.ndarray,
+        parent: np.ndarray,
+        top: np.ndarray,
         seqs: Tensor,
         step_scores: Tensor,
         step_nr: Tensor,
         source_ids: Tensor,
         output: list[list[Hypothesis]],
-        done: Tensor,
+        done: np.ndarray,
     ) -> None:
         """Moves the EOS candidates in the top k to the output, in rank order, until a
         source has k hypotheses (then it is done, as in fairseq2)."""
-        for s, rank in finishing.nonzero().tolist():
+        for s, rank in zip(*finishing.nonzero(), strict=True):
             if done[s]:
                 continue
-            hyp, t = int(parent[s, rank]), int(step_nr[s])
+            hyp, t, score = int(parent[s, rank]), int(step_nr[s]), torch.tensor(top[s, rank])
             hyps = output[int(source_ids[s])]
-            hyps.append(self.finish(seqs[s, hyp], step_scores[s, hyp], top[s, rank], t))
+            hyps.append(self.finish(seqs[s, hyp], step_scores[s, hyp], score, t))
             if len(hyps) == self.k:
                 done[s] = True
 
 
-def _in_tree(tree: DraftTree, j: int, key: Tensor, token: Tensor) -> tuple[Tensor, Tensor]:
-    """Which new hypotheses (their parent's level-j key and token, each (S, k)) are nodes
-    of level j, so that their log-probs were verified; and those nodes' ids."""
-    if j >= tree.depth:
-        return torch.zeros_like(key, dtype=torch.bool), key
-    match = (tree.parents[:, j, None, :] == key[..., None]) & (
-        tree.tokens[:, j, None, :] == token[..., None]
-    )
-    match &= tree.valid[:, j, None, :]
-    return match.any(-1), j * tree.width + match.int().argmax(-1)
+def _node_keys(tree: DraftTree, n: int, vocab: int) -> np.ndarray:
+    """(S, n + D * w): each tree node's parent row times `vocab` plus its token, so that a
+    candidate (parent row, token) finds its node by one comparison; -1 for the live
+    hypotheses' rows and invalid nodes."""
+    tokens, parents, valid = tree.tokens.numpy(), tree.parents.numpy(), tree.valid.numpy()
+    num_sources, depth, width = tokens.shape
+    # The parent's row: a live hypothesis at depth 1, else a node one level up.
+    offset = np.array([0] + [n + (d - 1) * width for d in range(1, depth)], dtype=np.int64)
+    keys = np.where(valid, (parents + offset[:, None]) * vocab + tokens, -1)
+    return np.concatenate([np.full((num_sources, n), -1), keys.reshape(num_sources, -1)], 1)
+
+
+@final
+class _Replay:
+    """The replay's steps, kept as (parent, token, score) per step: the hypotheses'
+    tokens and scores are rebuilt once at the end (or when a finishing hypothesis or a
+    step processor needs its prefix), not copied at every step."""
+
+    def __init__(self, state: BeamState) -> None:
+        self.state = state
+        # Per step, each (S, k): parent, token, cumulative score, the parent's deepest
+        # verified row; and (S,) whether the source took the step.
+        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.taken: list[np.ndarray] = []
+
+    def add(
+        self,
+        parent: np.ndarray,
+        token: np.ndarray,
+        score: np.ndarray,
+        parent_last: np.ndarray,
+        taken: np.ndarray,
+    ) -> None:
+        self.steps.append((parent, token, score, parent_last))
+        self.taken.append(taken)
+
+    def final(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Steps each source took (S,), and its last step's record (each (S, k))."""
+        steps = np.stack(self.taken, 1).sum(1)
+        sources = np.arange(len(steps))
+        return steps, [np.stack(f, 1)[sources, steps - 1] for f in zip(*self.steps, strict=True)]
+
+    def prefixes(self) -> tuple[Tensor, Tensor, np.ndarray]:
+        """Tokens and cumulative scores (S, h, L) of the current hypotheses (each source's
+        after its last step taken) and the live hypothesis each extends (S, h)."""
+        state = self.state
+        num_sources, n = state.scores.shape
+        if not self.steps:
+            return state.seqs[:, :n], state.step_scores[:, :n], np.tile(np.arange(n), (num_sources, 1))  # fmt: skip
+        taken = np.stack(self.taken, 1)  # (S, J): a prefix of each row is True
+        h = self.steps[-1][0].shape[1]
+        sources = np.arange(num_sources)[:, None]
+        hyp = np.tile(np.arange(h), (num_sources, 1))
+        tokens, scores = [], []
+        for j in range(len(self.steps) - 1, -1, -1):
+            parent, token, score, _ = self.steps[j]
+            tokens.append(token[sources, hyp])
+            scores.append(score[sources, hyp])
+            hyp = np.where(taken[:, j, None], parent[sources, hyp], hyp)
+        # A step a source did not take repeats its last one: same value at the same index.
+        last = np.maximum(taken.sum(1, keepdims=True) - 1, 0)
+        step = np.minimum(np.arange(taken.shape[1]), last)[:, None]  # (S, 1, J)
+        length = state.seqs.size(-1)
+        at = np.minimum(state.step_nr.numpy()[:, None, None] + step, length - 1)
+        at = torch.from_numpy(at).expand(-1, h, -1)
+        rows = torch.from_numpy(hyp)[..., None].expand(-1, -1, length)
+        seqs, step_scores = state.seqs.gather(1, rows), state.step_scores.gather(1, rows)
+        # (S, h, J): step J - 1 - i was appended i-th.
+        at_step = (sources[..., None], np.arange(h)[:, None], len(self.steps) - 1 - step)
+        seqs.scatter_(2, at, torch.from_numpy(np.stack(tokens, 2)[at_step]))
+        step_scores.scatter_(2, at, torch.from_numpy(np.stack(scores, 2)[at_step]))
+        return seqs, step_scores, hyp
 
 
 def _scored(rules: ScoringRules, verification: Verification, slots: Tensor | None = None) -> Tensor:

@@ -443,6 +443,14 @@ class _Op:
         )
 
     def __call__(self) -> SpeculativeGeneratorOutput:
+        try:
+            return self._run()
+        finally:
+            self.verifier.decoder.cache.release()
+            if self.drafter is not None:
+                self.drafter.decoder.cache.release()
+
+    def _run(self) -> SpeculativeGeneratorOutput:
         started = time.perf_counter()
         state, stats = self.state, self.stats
         chains = self.prompts[:, None, :]

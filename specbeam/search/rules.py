@@ -39,19 +39,20 @@ class ScoringRules:
         eos = self.eos_idx
         forced = step_nr == self.max_seq_len - 1
         if forced.any():
-            eos_lprobs = lprobs[forced, :, eos]
-            lprobs[forced] = -torch.inf
-            lprobs[forced, :, eos] = eos_lprobs
-        free = ~forced
+            eos_lprobs = lprobs[..., eos].clone()
+            lprobs.masked_fill_(forced[:, None, None], -torch.inf)
+            lprobs[..., eos] = eos_lprobs
+        free = ~forced[:, None]  # (S, 1)
         if self.step_processors:
             if seqs is None:
                 raise ValueError("step processors need the hypotheses' tokens (`seqs`)")
-            self._run_processors(lprobs, step_nr, seqs, free)
+            self._run_processors(lprobs, step_nr, seqs, free[:, 0])
+        # Column views edited in place: no boolean indexing of the (S, n, V) log-probs.
         if self.unk_idx is not None:
-            lprobs[free, :, self.unk_idx] -= self.unk_penalty
+            lprobs[..., self.unk_idx].sub_(free * self.unk_penalty)
         if self.pad_idx is not None:
-            lprobs[free, :, self.pad_idx] = -torch.inf
-        lprobs[free & (step_nr < self.min_seq_len - 1), :, eos] = -torch.inf
+            lprobs[..., self.pad_idx].masked_fill_(free, -torch.inf)
+        lprobs[..., eos].masked_fill_(free & (step_nr < self.min_seq_len - 1)[:, None], -torch.inf)
 
     def _run_processors(self, lprobs: Tensor, step_nr: Tensor, seqs: Tensor, free: Tensor) -> None:
         """Processors see (N, step_nr) rows, so sources are grouped by their step."""

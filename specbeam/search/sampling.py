@@ -307,6 +307,13 @@ class _SampleOp:
         )
 
     def __call__(self) -> SpeculativeGeneratorOutput:
+        try:
+            return self._run()
+        finally:
+            self.verifier.decoder.cache.release()
+            self.drafter.decoder.cache.release()
+
+    def _run(self) -> SpeculativeGeneratorOutput:
         started = time.perf_counter()
         state, stats, g = self.state, self.stats, self.gen._num_gens
         chains = self.prompts[:, None, :]
