@@ -39,6 +39,10 @@ class DecodingConfig:
     draft_prune_margin: float | None = None
     gamma_bounds: list[int] | None = None
     """[lo, hi]: adapt γ per source within these bounds; null: fixed γ."""
+    draft_vocab: int | None = None
+    """A draft head drafts from its this many most frequent target-side tokens (FR-Spec);
+    null: all the tokens it ranks (a draft without a ranking: the whole vocabulary); 0:
+    the whole vocabulary. Verification always covers all of it."""
     relax_top: int = 0
     """> 0: relaxed acceptance (not exact) with the target's top-β = relax_top."""
     relax_gap: float = 2.0

@@ -101,6 +101,10 @@ class SpeculativeBeamSearchConfig(BeamSearchConfig):
     gamma_bounds: tuple[int, int] | None = None
     """If not ``None``, adapts γ per source within these bounds."""
 
+    draft_vocab: int | None = None
+    """A draft head drafts from its this many most frequent target-side tokens (FR-Spec);
+    ``None``: all the tokens it ranks; 0: the whole vocabulary."""
+
     hardware: str | None = "cpu"
     """The hardware config (`conf/hardware/<name>.yaml`) whose cost model chooses per
     batch between speculation and plain beam search (same output); ``None``: always

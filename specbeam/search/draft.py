@@ -24,6 +24,7 @@ from typing import Any, Literal, final
 import torch
 from torch import Tensor
 
+from specbeam.search.onednn import linear
 from specbeam.search.rules import ScoringRules
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
@@ -36,6 +37,7 @@ DRAFT_STRATEGIES: tuple[str, ...] = ("beam", "linear", "topm")
 DRAFT_KEYWORDS: tuple[str, ...] = (
     "gamma", "draft_strategy", "draft_width", "max_draft_nodes", "draft_branch",
     "draft_branch_depth", "draft_branch_below", "draft_prune_margin", "gamma_bounds",
+    "draft_vocab",
 )  # fmt: skip
 """The generator's keywords for the tree; configs name their settings the same."""
 
@@ -68,6 +70,10 @@ class DraftShape:
     depth_bounds: tuple[int, int] | None = None
     """Adapt each source's depth within these bounds (from `depth`) to the steps it
     advanced per pass; None: always `depth`."""
+    vocab: int | None = None
+    """Draft from the head's `vocab` most frequent target-side tokens only (FR-Spec);
+    None: all the tokens a head ranks (the whole vocabulary for a draft without a
+    ranking); 0: the whole vocabulary. The target still verifies over all of it."""
 
     @staticmethod
     def of(
@@ -82,6 +88,7 @@ class DraftShape:
         draft_branch_below: float = 1.0,
         draft_prune_margin: float | None = None,
         gamma_bounds: Sequence[int] | None = None,
+        draft_vocab: int | None = None,
     ) -> DraftShape:
         """From the generator's keywords; `draft_width` defaults to the beam size (topm:
         times `draft_branch`)."""
@@ -98,6 +105,7 @@ class DraftShape:
             max_nodes=max_draft_nodes,
             beam_size=beam_size,
             depth_bounds=None if gamma_bounds is None else (gamma_bounds[0], gamma_bounds[-1]),
+            vocab=draft_vocab,
         )
 
     @property
@@ -122,6 +130,7 @@ class DraftShape:
             ("draft_branch_below", self.branch_below, 0.0 < self.branch_below <= 1.0, "in (0, 1]"),
             ("draft_prune_margin", self.prune_margin, self.prune_margin is None or self.prune_margin >= 0, "≥ 0 or None"),
             ("max_draft_nodes", self.max_nodes, self.max_nodes is None or self.max_nodes >= max(self.depth, 1), f"≥ gamma ({self.depth}) or None: a smaller budget cannot hold one drafted path"),
+            ("draft_vocab", self.vocab, self.vocab in (None, 0) or self.vocab >= self.width, f"≥ draft_width ({self.width}), 0 or None"),
             ("gamma_bounds", self.depth_bounds, self.depth_bounds is None or 1 <= self.depth_bounds[0] <= self.depth <= self.depth_bounds[1], f"[lo, hi] with 1 ≤ lo ≤ gamma ({self.depth}) ≤ hi, or None"),
         ]  # fmt: skip
         return [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
@@ -169,6 +178,24 @@ class Drafter:
         self.root_slots: Tensor | None = None
         self.passes = 0
         self.depths = torch.full((num_sources,), shape.depth, dtype=torch.int64)
+        # FR-Spec: a head drafts over its most frequent target-side tokens; a finished
+        # hypothesis needs no draft, so EOS and padding are never among them.
+        self.vocab: Tensor | None = None
+        self.proj: tuple[Tensor, Tensor | None] | None = None
+        head, size = decoder.head, shape.vocab
+        if size is None and head is not None and head.vocab is not None:
+            size = len(head.vocab)
+        if size:
+            if head is None:
+                raise ValueError("`draft_vocab` needs a draft head, not a draft decoder")
+            special = tuple(t for t in (rules.eos_idx, rules.pad_idx) if t is not None)
+            self.vocab, *proj = head.draft_projection(size, special)
+            self.proj = (proj[0], proj[1])
+
+    def _logits(self, states: Tensor) -> Tensor:
+        if self.proj is None:
+            return self.decoder.logits(states)
+        return linear(states, *self.proj)
 
     def width(self, n: int) -> int:
         return n if self.shape.strategy == "linear" else self.shape.width
@@ -186,15 +213,18 @@ class Drafter:
         hidden = dec.forward(*table.query(0, table.size), features=chain_features)
         # The states of the last level's nodes (S, m, M): the roots first.
         level = hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1)))
-        logits = dec.logits(level)
+        logits = self._logits(level)
         tokens, parents, valid, node_scores = [], [], [], []
         parent_slots, cum = roots, scores
         for d in range(depth):
             lprobs = self.rules.log_probs(logits)
-            lprobs[..., self.rules.eos_idx] = -torch.inf  # a finished hypothesis needs no draft
-            if self.rules.pad_idx is not None:
-                lprobs[..., self.rules.pad_idx] = -torch.inf
+            if self.vocab is None:
+                lprobs[..., self.rules.eos_idx] = -torch.inf  # a finished hypothesis needs no draft
+                if self.rules.pad_idx is not None:
+                    lprobs[..., self.rules.pad_idx] = -torch.inf
             score, parent, token = self.choose(cum[..., None] + lprobs, width, d)
+            if self.vocab is not None:
+                token = self.vocab[token]
             if self.shape.prune_margin is not None:
                 kth = score.topk(min(self.shape.beam_size, score.size(1)), dim=1).values[:, -1:]
                 score = score.masked_fill(score < kth - self.shape.prune_margin, -torch.inf)
@@ -211,7 +241,7 @@ class Drafter:
                 )
                 parent_slots = table.add_nodes(token, parent_slots.gather(1, parent), valid[-1])
                 level = dec.forward(*table.query(begin, table.size), features=features)
-                logits = dec.logits(level)
+                logits = self._logits(level)
                 cum = score
         self.table, self.root_slots = table, roots
         self.passes += depth

@@ -79,7 +79,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     nodes per level, default beam_size × draft_branch). `draft_prune_margin` drops nodes
     scoring that far below the level's k-th best; `max_draft_nodes` keeps each source's
     most likely drafted nodes for verification. With `gamma_bounds`, each source's depth
-    follows the steps it advances per pass. None of these changes the output;
+    follows the steps it advances per pass. `draft_vocab` drafts from a draft head's most
+    frequent target-side tokens only (FR-Spec; by default all the tokens it ranks, 0:
+    the whole vocabulary). None of these changes the output;
     a `relaxation` does (it accepts drafted steps the target ranks slightly lower).
     Nor does `lean_draft`, which runs the draft's decoder as plain tensor ops where its
     layers allow (`specbeam.search.lean_decoder`): fewer milliseconds per draft call.
@@ -137,6 +139,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         draft_branch_below: float = 1.0,
         draft_prune_margin: float | None = None,
         gamma_bounds: tuple[int, int] | None = None,
+        draft_vocab: int | None = None,
         relaxation: Relaxation | None = None,
         max_speculative_sources: int | None = None,
         lean_draft: bool = True,
@@ -165,6 +168,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             draft_branch_below=draft_branch_below,
             draft_prune_margin=draft_prune_margin,
             gamma_bounds=gamma_bounds,
+            draft_vocab=draft_vocab,
         )
         self._draft_shape.validate()
         if relaxation is not None:

@@ -68,6 +68,27 @@ class DraftHead(nn.Module):
         self.decoder = StandardTransformerDecoder(layers, target.decoder.layer_norm)
         self.encoder_frontend, self.encoder = target.encoder_frontend, target.encoder
         self.decoder_frontend, self.final_proj = target.decoder_frontend, target.final_proj
+        self.vocab: Tensor | None = None
+        """Token ids by frequency on the target side of the training data, most frequent
+        first (None: not ranked): what `draft_vocab` (FR-Spec) drafts from."""
+        self._projections: dict[tuple[int, tuple[int, ...]], tuple[Tensor, Tensor, Tensor | None]] = {}  # fmt: skip
+
+    def draft_projection(self, size: int, excluded: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
+        """The `size` most frequent tokens but `excluded` and the rows of the output
+        projection that score them, kept per size: a new weight tensor would be packed
+        again by every call (specbeam/search/onednn.py)."""
+        key = (size, excluded)
+        if key not in self._projections:
+            if self.vocab is None:
+                raise ValueError(
+                    "`draft_vocab` needs a head with a ranked vocabulary "
+                    "(tasks/bible_es_en/rank_vocab.py adds one to a head checkpoint)"
+                )
+            ranked = self.vocab[~torch.isin(self.vocab, torch.tensor(excluded))][:size]
+            proj = self.final_proj
+            bias = None if proj.bias is None else proj.bias.index_select(0, ranked)
+            self._projections[key] = (ranked, proj.weight.index_select(0, ranked), bias)
+        return self._projections[key]
 
     def read_features(self, embedded: Tensor, features: Tensor) -> Tensor:
         """embedded: (..., M) tokens at their positions; features: (..., M) parent states."""
@@ -86,6 +107,7 @@ class DraftHead(nn.Module):
         and projection are copied in that type, never cast: verification stays fp32."""
         self.feature_proj.to(dtype)
         self.decoder.layers.to(dtype)
+        self._projections.clear()
         if self.decoder.layer_norm is not None and self.decoder.layer_norm.weight.dtype != dtype:
             # One deepcopy keeps the tied embedding and projection one tensor.
             frontend, proj, norm = copy.deepcopy(
@@ -96,7 +118,10 @@ class DraftHead(nn.Module):
         return self
 
     def checkpoint(self) -> dict[str, Any]:
-        return {"kind": HEAD_KIND, "arch": asdict(self.arch), "model": self.own_state_dict()}
+        ckpt = {"kind": HEAD_KIND, "arch": asdict(self.arch), "model": self.own_state_dict()}
+        if self.vocab is not None:
+            ckpt["vocab"] = self.vocab
+        return ckpt
 
 
 def load_head(ckpt: Mapping[str, Any], target: TransformerModel) -> DraftHead:
@@ -111,4 +136,6 @@ def load_head(ckpt: Mapping[str, Any], target: TransformerModel) -> DraftHead:
             f"unexpected {unexpected[:3]})"
         )
     head.load_state_dict(own, strict=False)
+    vocab = ckpt.get("vocab")
+    head.vocab = None if vocab is None else vocab.long()
     return head.eval()

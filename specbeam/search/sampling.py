@@ -287,7 +287,8 @@ class _SampleOp:
             min_seq_len=min_seq_len,
             max_seq_len=max_seq_len,
         )
-        shape = DraftShape(strategy="linear", depth=gen._gamma, width=1, beam_size=1)
+        # The whole vocabulary: acceptance compares the draft's q with p token by token.
+        shape = DraftShape(strategy="linear", depth=gen._gamma, width=1, beam_size=1, vocab=0)
         self.drafter = Drafter(draft, draft_rules, prompts[:, None, :], shape, self.draw)
         # Room for a pass's positions past the end (never kept: the last step is EOS).
         seqs = torch.zeros((rows, max_seq_len + gen._gamma + 1), dtype=torch.int64)

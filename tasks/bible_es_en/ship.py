@@ -6,7 +6,8 @@
 The draft keeps its kind: a decoder over the target's encoder (`shallow_over`) is saved
 without the encoder, and its card's family tells specbeam to complete it with the target's.
 A draft head (`python -m specbeam.train_head`) ships as models/head.pt, card
-`bible_es_en_head`, and replaces models/draft.pt (both would not fit the 100 MB budget).
+`bible_es_en_head`, and replaces models/draft.pt (both would not fit the 100 MB budget),
+with the ranking of the target-side tokens it drafts from (rank_vocab.py, FR-Spec).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from rank_vocab import add_ranking  # the script beside this one
 
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
@@ -58,6 +60,8 @@ def main() -> None:
     if args.draft:
         ship(args.draft.expanduser(), draft_file, args.target.expanduser())
         shipped.append(draft_file)
+        if draft_name == "bible_es_en_head":
+            add_ranking(draft_file)
     task = TaskConfig()
     spm = task.path(task.tokenizer)
     tokenizer = tokenizer_fields(spm, cards_dir, list(task.langs), task.tgt_lang)

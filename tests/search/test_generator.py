@@ -21,7 +21,9 @@ from fairseq2.generation.step_processor import NGramRepeatBlockProcessor
 from specbeam.apps.data import pad
 from specbeam.integration.models import build_shallow_draft
 from specbeam.search.accept import BeamAcceptor
+from specbeam.search.draft import Drafter, DraftShape
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.relax import Relaxation
 from tests.conftest import DRAFT_ARCH, NLLB_PROMPT, PROMPT, sources
 
@@ -433,3 +435,46 @@ def test_a_trained_head_advances_more_steps_per_pass(
         assert_same(base, spec)
         tau[name] = spec.stats.tau
     assert tau["trained"] > tau["untrained"] + 0.2, tau
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_equivalence_with_a_head_drafting_from_part_of_the_vocabulary(
+    seed, tiny_target, vocab_info, monkeypatch
+) -> None:
+    """FR-Spec: a head drafting from its most frequent tokens proposes only those (and
+    never EOS or padding), and the output is still beam search's."""
+    torch.manual_seed(seed)
+    head = DraftHead(tiny_target, HeadArch(num_layers=1)).eval()
+    head.vocab = torch.randperm(vocab_info.size)
+    case = Case.draw(seed)
+    keywords = {"draft_strategy": case.strategy, "draft_width": case.draft_width, **case.shape}
+    shape = DraftShape.of(beam_size=case.beam_size, gamma=case.gamma, **keywords)
+    size = shape.width + seed % 5
+    allowed = set(head.draft_projection(size, (int(vocab_info.eos_idx), vocab_info.pad_idx))[0].tolist())  # fmt: skip
+    drafted: set[int] = set()
+    propose = Drafter.propose
+
+    def recording(self, *args):  # noqa: ANN001, ANN202
+        tree = propose(self, *args)
+        drafted.update(tree.tokens[tree.valid].tolist())
+        return tree
+
+    monkeypatch.setattr(Drafter, "propose", recording)
+    result = run_both(case, tiny_target, head, vocab_info, draft_vocab=size)
+    if result is not None:
+        assert_same(*result)
+        assert drafted and drafted <= allowed
+
+
+def test_drafting_from_part_of_the_vocabulary_needs_a_ranked_head(
+    tiny_target, copy_draft, vocab_info
+) -> None:
+    """Asked for explicitly; by default a draft without a ranking drafts from all tokens."""
+    case = Case.draw(0)
+    case.strategy, case.draft_width, case.extra, case.shape = "beam", None, {}, {}
+    with pytest.raises(ValueError, match="needs a draft head"):
+        run_both(case, tiny_target, copy_draft, vocab_info, draft_vocab=50)
+    head = DraftHead(tiny_target, HeadArch(num_layers=1)).eval()
+    with pytest.raises(ValueError, match="ranked vocabulary"):
+        run_both(case, tiny_target, head, vocab_info, draft_vocab=50)
+    assert_same(*run_both(case, tiny_target, head, vocab_info))

@@ -72,3 +72,22 @@ def test_a_head_for_another_target_is_refused(tmp_path, tiny_target) -> None:
     other.decoder.layers = other.decoder.layers[:1]
     with pytest.raises(ValueError, match="1 to 1 layers"):
         load_model(tmp_path / "head.pt", target=other)
+
+
+def test_the_vocabulary_ranking_survives_the_checkpoint_and_picks_projection_rows(
+    tmp_path, tiny_target
+) -> None:
+    target = copy.deepcopy(tiny_target)
+    head = DraftHead(target, HeadArch(num_layers=1))
+    with pytest.raises(ValueError, match="ranked vocabulary"):
+        head.draft_projection(4, (1,))
+    head.vocab = torch.tensor([7, 1, 5, 9, 2, 4])
+    save_model(target, TARGET_ARCH, tmp_path / "target.pt", torch.float32)
+    save_head(head, tmp_path / "head.pt", torch.float32)
+    pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "head.pt"))
+    _, loaded = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
+    assert loaded.vocab.tolist() == [7, 1, 5, 9, 2, 4]
+    ids, weight, _ = loaded.draft_projection(4, (1, 9))  # most frequent 4, but 1 and 9
+    assert ids.tolist() == [7, 5, 2, 4]
+    assert torch.equal(weight, loaded.final_proj.weight[[7, 5, 2, 4]])
+    assert loaded.draft_projection(4, (1, 9))[1] is weight  # packed once, not per call
