@@ -189,8 +189,8 @@ class Drafter:
             if head is None:
                 raise ValueError("`draft_vocab` needs a draft head, not a draft decoder")
             special = tuple(t for t in (rules.eos_idx, rules.pad_idx) if t is not None)
-            self.vocab, *proj = head.draft_projection(size, special)
-            self.proj = (proj[0], proj[1])
+            self.vocab, weight, bias = head.draft_projection(size, special)
+            self.proj = (weight, bias)
 
     def _logits(self, states: Tensor) -> Tensor:
         if self.proj is None:
