@@ -20,6 +20,7 @@ import json
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,14 +146,24 @@ def markdown(goals: list[Goal]) -> str:
 
 
 def plot(goals: list[Goal], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(goals) + 1.5))
+    """One bar per goal with its value printed, the goal as a tick; labels wrapped so that
+    the bars, not the names, get the width."""
+    fig, ax = plt.subplots(figsize=(12, 0.62 * len(goals) + 1.5))
     y = range(len(goals))
     colours = ["tab:green" if g.met else "tab:red" for g in goals]
-    ax.barh(y, [g.ratio for g in goals], color=colours)
+    ratios = [g.ratio for g in goals]
+    ax.barh(y, ratios, color=colours)
     ax.scatter([g.target for g in goals], y, marker="|", s=400, color="black", label="goal")
-    ax.set_yticks(list(y), [g.name for g in goals])
+    for i, g in enumerate(goals):
+        bound = "≤" if g.at_most else "≥"
+        ax.annotate(
+            f"{g.ratio:.2f} (goal {bound} {g.target:g})", (max(g.ratio, 0.0), i),
+            xytext=(4, 0), textcoords="offset points", va="center", fontsize=8,
+        )  # fmt: skip
+    ax.set_yticks(list(y), [textwrap.fill(g.name, 60) for g in goals], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ratio (speculative ÷ baseline; τ; efficiency; BLEU delta)")
+    ax.set_xlim(min(0.0, *ratios) - 0.1, 1.35 * max(*ratios, *(g.target for g in goals)))
+    ax.set_xlabel("ratio (speculative ÷ baseline), τ, efficiency or BLEU difference")
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -152,3 +152,30 @@ def test_cpu_config_plans_exact_decodings_only() -> None:
     assert hardware.planner(load_decoding("spec_beam:plan=false")) is None
     with pytest.raises(ValueError, match="hardware=gpu9: no .*allowed: cpu"):
         load_hardware("gpu9")
+
+
+def _script(name: str):  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ceiling_prices_a_perfect_draft_from_the_bench_costs() -> None:
+    """Target 10 + 0.2·T ms, draft calls 2 ms, 4 ms per pass beside the calls: a perfect
+    γ 2 / width 10 tree verifies 25 tokens with 2 draft calls (23 ms) for τ 3."""
+    record = {
+        "cost_model": {"verify": {"a": 10.0, "b": 0.2}, "draft": {"a": 2.0, "b": 0.0}, "step_ms": 13.2},
+        "pass_breakdown": {"lean target": {"acceptance": 2.0, "cache commit": 1.0, "other": 1.0}},
+        "lean_plain_step_ms": 12.0,
+        "pass_profile": {"slots": 25.0, "draft_calls": 2.0, "draft_slots": 10.0, "tau": 2.0},
+    }  # fmt: skip
+    out = _script("ceiling").table(record)
+    assert "| today, measured τ | 25.0 | 2.00 | 23.0 | 2.00 | 11.50 | 1.04× | 1.15× |" in out
+    assert (
+        "| γ 2, width 10, perfect draft | 25.0 | 2.00 | 23.0 | 3.00 | 7.67 | 1.57× | 1.72× |" in out
+    )
+    assert (
+        "| γ 4, width 5, perfect draft | 25.0 | 4.00 | 27.0 | 5.00 | 5.40 | 2.22× | 2.44× |" in out
+    )
+    assert "τ 1.92 breaks even with lean plain search, τ 2.61 gives 1.5×" in out
