@@ -20,6 +20,11 @@ def _enabled():
     onednn.set_min_rows(onednn.default_min_rows())
 
 
+needs_mkl = pytest.mark.skipif(
+    not torch.backends.mkl.is_available(), reason="PyTorch built without MKL"
+)
+
+
 def weights(out: int = 96, inp: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(out, inp, generator=gen) / 8, torch.randn(out, generator=gen)
@@ -163,3 +168,58 @@ def test_fp32_products_below_min_rows_run_torch_linear():
         assert torch.equal(out, torch_linear(few, ws, bs))
     packed_out = torch.ops.mkldnn._linear_pointwise(many, packed(w), b, "none", [], "")
     assert torch.equal(linear(many, w, b), packed_out)
+
+
+@needs_mkl
+@pytest.mark.parametrize("with_bias", [True, False])
+@torch.inference_mode()
+def test_a_recurring_row_count_runs_on_a_weight_packed_for_it(with_bias):
+    """Torch's own MKL call until the count has recurred, then MKL's packed GEMM: the same
+    numbers up to fp32 rounding, for plain and stacked linears alike."""
+    onednn.set_min_rows(8)
+    w, b = weights()
+    bias = b if with_bias else None
+    ws, bs = group()
+    for use in range(onednn.PACK_AFTER + 2):
+        x = torch.randn(5, 64) if use % 2 else torch.randn(1, 5, 64)
+        got = linear(x, w, bias)
+        stacked = linears(x, ws, bs)
+        if use < onednn.PACK_AFTER - 1:
+            assert torch.equal(got, torch_linear(x, w, bias))
+        torch.testing.assert_close(got, torch_linear(x, w, bias), rtol=0, atol=1e-5)
+        for out, wi, bi in zip(stacked, ws, bs, strict=True):
+            torch.testing.assert_close(out, torch_linear(x, wi, bi), rtol=0, atol=1e-5)
+    assert list(onednn._row_packs[w].packed) == [5]
+    assert list(onednn._row_packs[onednn._fused[ws[0]][2]].packed) == [5]
+
+
+@needs_mkl
+@torch.inference_mode()
+def test_at_most_a_few_row_counts_are_packed_per_weight():
+    onednn.set_min_rows(8)
+    w, b = weights()
+    for rows in range(1, 8):
+        for _ in range(onednn.PACK_AFTER):
+            linear(torch.randn(rows, 64), w, b)
+    packs = onednn._row_packs[w].packed
+    first = onednn.MIN_PACKED_ROWS
+    assert list(packs) == list(range(first, first + onednn.MAX_ROW_COUNTS))
+    for rows in (first - 1, 7):  # too few to gain, or over the limit: torch's own call
+        x = torch.randn(rows, 64)
+        assert torch.equal(linear(x, w, b), torch_linear(x, w, b))
+
+
+@needs_mkl
+def test_a_changed_weight_drops_its_row_packings():
+    onednn.set_min_rows(8)
+    w, b = weights()
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        for _ in range(onednn.PACK_AFTER):
+            linear(x, w, b)
+        assert 5 in onednn._row_packs[w].packed
+    with torch.no_grad():
+        w.mul_(2)
+    with torch.inference_mode():
+        assert torch.equal(linear(x, w, b), torch_linear(x, w, b))
+        assert not onednn._row_packs[w].packed
