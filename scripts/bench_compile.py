@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -105,7 +106,11 @@ class CompiledDecoder(LeanDecoder):
 
     fn: torch.nn.Module
 
-    def __call__(self, x: Tensor, self_bias: Tensor, cross_bias: Tensor | None) -> Tensor:
+    def __call__(
+        self, x: Tensor, self_bias: Tensor, cross_bias: Tensor | None, taps: Sequence[int] = ()
+    ) -> tuple[Tensor, list[Tensor]]:
+        if taps:
+            raise ValueError("the compiled stack returns no layer outputs")
         cache = self.self_states[0]._cache
         start, num_new = cache.prefix_keys() + cache.spec_len, x.size(1)
         for state in self.self_states:
@@ -123,7 +128,7 @@ class CompiledDecoder(LeanDecoder):
         )
         flat[:, 0, :, start : start + num_new] = new_k
         flat[:, 1, :, start : start + num_new] = new_v
-        return out
+        return out, []
 
 
 def main() -> None:

@@ -116,6 +116,17 @@ def random_head(tiny_target: TransformerModel) -> DraftHead:
     return head.eval()
 
 
+@pytest.fixture(scope="session")
+def fused_head(tiny_target: TransformerModel) -> DraftHead:
+    """A head over the target's first decoder layer and its final state (EAGLE-3), with
+    a random fusion: the lower layer's output really reaches its proposals."""
+    torch.manual_seed(7)
+    head = DraftHead(tiny_target, HeadArch(num_layers=1, feature_layers=(0,)))
+    assert head.fuse is not None
+    torch.nn.init.normal_(head.fuse.weight, std=0.2)
+    return head.eval()
+
+
 def train_head_briefly(head: DraftHead, data, rows: int, steps: int, unroll: int) -> DraftHead:  # noqa: ANN001
     """Adam on the head's own weights, batches of 16 of the first `rows` pairs of `data` (a
     `HeadData`), with the real trainer's loss."""

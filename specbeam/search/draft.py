@@ -303,9 +303,11 @@ class Drafter:
         c = verification.chain_slots.size(-1)
         rows3 = rows[..., None]
         tokens = verification.table.tokens[rows3, path[..., c:].clamp(min=0)]
-        states = verification.hidden[rows3, path[..., c - 1 :].clamp(min=0)]
+        states = verification.features[rows3, path[..., c - 1 :].clamp(min=0)]
         self.pending = torch.cat([tokens, roots[..., None]], dim=-1)
-        self.pending_features = states.to(self.decoder.dtype)
+        head = self.decoder.head
+        assert head is not None
+        self.pending_features = head.fuse_features(states).to(self.decoder.dtype)
         self.pending_len = (path[:, 0] >= 0).sum(-1) - c + 1
         self.table = self.root_slots = None
 

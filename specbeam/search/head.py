@@ -9,6 +9,12 @@ parent's state is the head's own prediction. Its layers attend to the head's own
 (self-attention) and to the target's encoder output (cross-attention, K/V once per
 sentence). Its output goes through the target's final norm and projection, frozen.
 
+With `feature_layers` (EAGLE-3), the parent's target state is the final state together
+with the outputs of some lower decoder layers, fused to the model dimension by `fuse`
+before `feature_proj`; the head's own predictions (below the first level) stand in for
+the fused state. `fuse` starts as the choice of the final state, so a head trained over
+the last layer alone is where training over several starts.
+
 The head exposes the attributes a draft `TransformerModel` has (encoder, front-end,
 decoder, final projection), so the tree decoder runs it like any other draft; the
 encoder, front-end, final norm and projection are the target's modules.
@@ -34,13 +40,16 @@ from specbeam.search.onednn import linear
 
 HEAD_KIND = "draft_head"
 """The `kind` of a head's checkpoint (`specbeam.integration.models.load_model`)."""
-_OWN = ("feature_proj.", "decoder.layers.")
+_OWN = ("feature_proj.", "fuse.", "decoder.layers.")
 
 
 @dataclass(kw_only=True, frozen=True)
 class HeadArch:
     num_layers: int = 1
     """Decoder layers, initialised from the target's last ones."""
+    feature_layers: tuple[int, ...] = ()
+    """The target's decoder layers (0-based, below the last) whose outputs the head also
+    reads, beside the final state (EAGLE-3); () reads the final state alone."""
 
 
 @final
@@ -54,8 +63,16 @@ class DraftHead(nn.Module):
                 f"a head has 1 to {len(target.decoder.layers)} layers (the target's decoder), "
                 f"not {arch.num_layers}"
             )
+        below = len(target.decoder.layers) - 1
+        taps = tuple(arch.feature_layers)
+        if any(not 0 <= i < below for i in taps) or len(set(taps)) != len(taps):
+            raise ValueError(
+                f"feature_layers are distinct layers 0 to {below - 1} of the target's decoder "
+                f"(its last layer gives the final state), not {list(taps)}"
+            )
         dim = target.model_dim
         self.arch = arch
+        self.feature_layers = taps
         self.model_dim = dim
         self.pad_idx = target.pad_idx
         self.max_target_seq_len = target.max_target_seq_len
@@ -65,6 +82,13 @@ class DraftHead(nn.Module):
         dtype = next(target.decoder.parameters()).dtype
         # [token embedding ; parent state] (2M) -> M
         self.feature_proj = Linear(2 * dim, dim, bias=True, dtype=dtype)
+        # [layer outputs ; final state] ((L + 1) M) -> M; no bias, so that the prompt's
+        # zero states stay zero.
+        self.fuse: Linear | None = None
+        if taps:
+            self.fuse = Linear((len(taps) + 1) * dim, dim, bias=False, dtype=dtype)
+            with torch.no_grad():
+                self.fuse.weight.zero_()[:, -dim:] = torch.eye(dim, dtype=dtype)
         self.decoder = StandardTransformerDecoder(layers, target.decoder.layer_norm)
         self.encoder_frontend, self.encoder = target.encoder_frontend, target.encoder
         self.decoder_frontend, self.final_proj = target.decoder_frontend, target.final_proj
@@ -95,6 +119,13 @@ class DraftHead(nn.Module):
         x = torch.cat([embedded, features.to(embedded.dtype)], dim=-1)
         return linear(x, self.feature_proj.weight, self.feature_proj.bias)
 
+    def fuse_features(self, features: Tensor) -> Tensor:
+        """features: (..., (L + 1) M) the target's states of `feature_layers`, then its
+        final state -> (..., M), what the head reads as a parent's state."""
+        if self.fuse is None:
+            return features
+        return linear(features.to(self.fuse.weight.dtype), self.fuse.weight, None)
+
     def own_state_dict(self) -> dict[str, Tensor]:
         """The head's own weights: what a checkpoint stores (the rest is the target's)."""
         return {k: v for k, v in self.state_dict().items() if k.startswith(_OWN)}
@@ -106,6 +137,8 @@ class DraftHead(nn.Module):
         """The head's own weights in `dtype`. The target's shared front-end, final norm
         and projection are copied in that type, never cast: verification stays fp32."""
         self.feature_proj.to(dtype)
+        if self.fuse is not None:
+            self.fuse.to(dtype)
         self.decoder.layers.to(dtype)
         self._projections.clear()
         if self.decoder.layer_norm is not None and self.decoder.layer_norm.weight.dtype != dtype:
@@ -126,7 +159,9 @@ class DraftHead(nn.Module):
 
 def load_head(ckpt: Mapping[str, Any], target: TransformerModel) -> DraftHead:
     """A head from `DraftHead.checkpoint()` over `target`, in the target's data type."""
-    head = DraftHead(target, HeadArch(**ckpt["arch"]))
+    arch = dict(ckpt["arch"])
+    arch["feature_layers"] = tuple(arch.get("feature_layers", ()))
+    head = DraftHead(target, HeadArch(**arch))
     own = {k: v.to(next(target.parameters()).dtype) for k, v in ckpt["model"].items()}
     expected = set(head.own_state_dict())
     if set(own) != expected:

@@ -154,13 +154,19 @@ class LeanDecoder:
         self.self_states = self_states
         self.cross_states = cross_states
 
-    def __call__(self, x: Tensor, self_bias: Tensor, cross_bias: Tensor | None) -> Tensor:
+    def __call__(
+        self, x: Tensor, self_bias: Tensor, cross_bias: Tensor | None, taps: Sequence[int] = ()
+    ) -> tuple[Tensor, list[Tensor]]:
         """x (S, T, M) embedded new slots; self_bias (S, 1, T, keys); cross_bias
-        (S, 1, 1, source length) masks source padding, None without padding."""
-        layers = self.decoder.layers
-        for layer, own, cross in zip(layers, self.self_states, self.cross_states, strict=True):
+        (S, 1, 1, source length) masks source padding, None without padding. Returns the
+        final states and the outputs of layers `taps` (a draft head's features)."""
+        layers, tapped = self.decoder.layers, []
+        states = zip(layers, self.self_states, self.cross_states, strict=True)
+        for i, (layer, own, cross) in enumerate(states):
             x = decoder_layer(layer, x, _cached(own), self_bias, cross.get(), cross_bias)
-        return final_norm(self.decoder, x)
+            if i in taps:
+                tapped.append(x)
+        return final_norm(self.decoder, x), tapped
 
 
 def _cached(state: AttentionState) -> KeysWith:

@@ -44,6 +44,7 @@ MAX_ROW_COUNTS = 2
 MIN_PACKED_ROWS = 4
 """Below this, MKL's packed GEMM loses to its plain one (Xeon, 2 threads, the target's
 weights out of cache: 3 rows 5.93 vs 5.31 ms, 4 rows 6.15 vs 7.27, 5 rows 6.49 vs 7.50)."""
+_MKL = torch.backends.mkl.is_available()  # a build-time property, read once
 _enabled = True
 
 
@@ -139,8 +140,7 @@ def _mkl_few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """MKL's sgemm over few rows; on a copy of `weight` packed for this row count once
     the count has recurred."""
     rows = x.numel() // x.size(-1)
-    mkl = torch.backends.mkl.is_available() and weight.device.type == "cpu"
-    if not mkl or rows < MIN_PACKED_ROWS:
+    if not _MKL or weight.device.type != "cpu" or rows < MIN_PACKED_ROWS:
         return _torch_linear(x, weight, bias)
     key, entry = _key(weight), _row_packs.get(weight)
     if entry is None or entry.key != key:

@@ -159,6 +159,7 @@ class TreeDecoder:
         first = TreeDecoder(
             target, source_seqs, source_layout, hyps_per_source=hyps_per_source,
             capacity=capacity, capacity_increment=capacity_increment, lean=lean_target,
+            taps=draft.feature_layers if isinstance(draft, DraftHead) else (),
         )  # fmt: skip
         shared = draft.encoder is target.encoder
         second = TreeDecoder(
@@ -179,12 +180,14 @@ class TreeDecoder:
         capacity_increment: int | None = None,
         encoder_output: Tensor | None = None,
         lean: bool = False,
+        taps: tuple[int, ...] = (),
     ) -> None:
         """`capacity` positions per hypothesis at most, allocated `capacity_increment` at
         a time (None: all at once). `encoder_output` skips encoding: a draft that reads
         its target's encoder output gets it from the target's decoder (`pair`). `lean`
         runs the encoder and decoder as plain tensor ops if their layers allow (else as
-        fairseq2's)."""
+        fairseq2's). `taps`: decoder layers whose outputs `features` returns beside the
+        final states (a draft head's over several layers)."""
         frontend = model.decoder_frontend
         if not isinstance(frontend, TransformerEmbeddingFrontend) or not isinstance(
             frontend.pos_encoder, SinusoidalPositionEncoder
@@ -193,6 +196,8 @@ class TreeDecoder:
                 "specbeam needs a decoder front-end with token embeddings and sinusoidal positions"
             )
         self.model = model
+        self.taps = taps
+        self.tapped: list[Tensor] = []  # the last call's outputs of layers `taps`
         self.head = model if isinstance(model, DraftHead) else None
         self.dtype = dtype = next(model.decoder.parameters()).dtype
         self.bias = TreeBias()
@@ -252,6 +257,25 @@ class TreeDecoder:
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         return embed_at(self.model.decoder_frontend, tokens, positions).to(self.dtype)
 
+    @contextmanager
+    def _tapping(self, tapped: list[Tensor]) -> Iterator[None]:
+        """Collects the outputs of layers `taps` of one call through fairseq2's modules."""
+        layers = self.model.decoder.layers
+        hooks = [
+            layers[i].register_forward_hook(lambda _m, _a, out: tapped.append(out))
+            for i in self.taps
+        ]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def features(self, hidden: Tensor) -> Tensor:
+        """The last call's states a draft head reads, (S, T, (len(taps) + 1) M): the
+        outputs of layers `taps`, then `hidden`, its final states."""
+        return torch.cat([*self.tapped, hidden], dim=-1) if self.tapped else hidden
+
     @property
     def reads_features(self) -> bool:
         """A draft head: every slot also reads its parent's (target) decoder state."""
@@ -286,15 +310,17 @@ class TreeDecoder:
         if self.head is not None:
             assert features is not None
             x = self.head.read_features(x, features)
+        tapped: list[Tensor] = []
         if self.lean is not None:
-            out = self.lean(x, self.bias.tensor, self._source_bias)
+            out, tapped = self.lean(x, self.bias.tensor, self._source_bias, self.taps)
             observe(self.model.decoder, self.state_bag)
         else:
             enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
-            with self._tree_attention():
+            with self._tree_attention(), self._tapping(tapped):
                 out = self.model.decoder(
                     x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag
                 )
+        self.tapped = tapped
         cache.advance(tokens.size(1))
         self.bias.tensor = None
         return out

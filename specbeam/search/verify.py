@@ -17,7 +17,7 @@ class Verification:
     table: SlotTable
     chain_slots: Tensor  # (S, n, c) slots of each hypothesis' pending chain, root last
     node_slots: Tensor  # (S, D, w)
-    hidden: Tensor  # (S, T, M) decoder outputs: a draft head's features
+    features: Tensor  # (S, T, F) what a draft head reads (TreeDecoder.features)
     logits: Tensor  # (S, T, V), T = n * c + D * w
 
     @property
@@ -62,7 +62,8 @@ class Verifier:
         # All slots in one projection: at small batches it is bound by reading the
         # (V, M) weights, so projecting per replay step would read them τ times.
         logits = self.decoder.logits(hidden)
-        return Verification(table, chain_slots, node_slots, hidden, logits)
+        features = self.decoder.features(hidden)
+        return Verification(table, chain_slots, node_slots, features, logits)
 
     def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
         table = verification.table

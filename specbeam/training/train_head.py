@@ -26,6 +26,7 @@ from pathlib import Path
 import hydra
 import matplotlib
 import torch
+from fairseq2.models.transformer import TransformerModel
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from torch import Tensor
@@ -64,10 +65,14 @@ class TrainHeadConfig:
     """Where the target's states and top k over `data` are stored (computed if missing)."""
     out_dir: str = "~/.cache/specbeam/head"
     num_layers: int = 1
+    feature_layers: list[int] = field(default_factory=list)
+    """The target's lower decoder layers the head also reads (EAGLE-3; `head.py`)."""
     init: str = ""
     """A head checkpoint to start from (e.g. tasks/bible_es_en/models/head.pt: more data
     for the shipped head), in place of the target's last layer; its layer count wins.
-    A run that resumes from `out_dir` ignores it."""
+    A head over the final state alone may start a head over `feature_layers` too: its
+    fusion then starts as the choice of the final state. A run that resumes from
+    `out_dir` ignores it."""
     top_k: int = 16
     unroll: int = 3
     """Drafting steps trained per position (the depth the head drafts to)."""
@@ -109,6 +114,7 @@ def unrolled_states(head: DraftHead, batch: HeadBatch, unroll: int) -> list[Tens
     # drafts the first tree.
     parent = _shift(batch.states)
     parent[:, : batch.prompt_len] = 0
+    parent = head.fuse_features(parent)
     out = []
     for j in range(unroll):
         # Step j at position t drafts below the root at t - j: the prefix up to the root
@@ -173,7 +179,7 @@ def head_loss(
         lprobs = log_softmax(head.final_proj(states[valid]).float(), dim=-1)  # (P, V)
         top_idx = batch.top_idx[valid]
         kd = -(target_probs[valid] * lprobs.gather(-1, top_idx)).sum()
-        pull = smooth_l1_loss(states[valid].float(), batch.states[valid], reduction="sum")
+        pull = smooth_l1_loss(states[valid].float(), batch.final_states[valid], reduction="sum")
         loss = kd + state_weight * pull / states.size(-1)
         total = total + loss
         with torch.no_grad():
@@ -208,6 +214,7 @@ class HeadTrainer:
         self.data: HeadData = head_data.load_or_compute(
             Path(cfg.data_cache).expanduser(), target_path, pairs, self.pad_idx, cfg.top_k,
             prompt_len=target_prompt_len(tokenizer, cfg.task.tgt_lang), bf16=cfg.bf16,
+            feature_layers=tuple(cfg.feature_layers),
         )  # fmt: skip
         order = list(range(len(self.data)))
         random.Random(cfg.seed).shuffle(order)
@@ -215,14 +222,13 @@ class HeadTrainer:
         self.train_rows = sorted(order[cfg.valid_pairs :])
         target = load_model(target_path)
         target.requires_grad_(False)
+        layers = tuple(cfg.feature_layers)
         if cfg.init:
-            init = _repo_path(cfg.init)
-            self.head = load_model(init, target=target)
-            if not isinstance(self.head, DraftHead):
-                raise ValueError(f"init={cfg.init}: {init} is not a draft head")
-            log.info("starting from %s (%d layers)", init, self.head.arch.num_layers)
+            self.head = _init_head(_repo_path(cfg.init), target, layers)
         else:
-            self.head = DraftHead(target, HeadArch(num_layers=cfg.num_layers))
+            self.head = DraftHead(
+                target, HeadArch(num_layers=cfg.num_layers, feature_layers=layers)
+            )
         self.head.requires_grad_(False)
         for p in self.head.own_parameters():
             p.requires_grad_(True)
@@ -372,6 +378,24 @@ def plot_curves(history: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _init_head(path: Path, target: TransformerModel, layers: tuple[int, ...]) -> DraftHead:
+    head = load_model(path, target=target)
+    if not isinstance(head, DraftHead):
+        raise ValueError(f"init={path} is not a draft head")
+    if head.feature_layers != layers:
+        if head.feature_layers:
+            raise ValueError(
+                f"init={path} reads layers {list(head.feature_layers)}, not feature_layers="
+                f"{list(layers)}; only a head over the final state alone can start another"
+            )
+        wider = DraftHead(target, HeadArch(num_layers=head.arch.num_layers, feature_layers=layers))
+        wider.load_state_dict(head.own_state_dict(), strict=False)
+        wider.vocab = head.vocab
+        head = wider
+    log.info("starting from %s (%d layers)", path, head.arch.num_layers)
+    return head
 
 
 def _repo_path(spec: str) -> Path:

@@ -131,10 +131,7 @@ def test_bench_quick_prints_every_goal(tmp_path) -> None:
 
 
 def test_bench_names_missing_checkpoints_in_one_line(monkeypatch) -> None:
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
+    bench = _script("bench", monkeypatch)
     pair = ModelPairConfig(name="future", target="tasks/none/target.pt", draft="random")
     with pytest.raises(
         SystemExit, match="checkpoint tasks/none/target.pt does not exist yet.*tiny_random"
@@ -154,14 +151,17 @@ def test_cpu_config_plans_exact_decodings_only() -> None:
         load_hardware("gpu9")
 
 
-def _script(name: str):  # noqa: ANN202
+def _script(name: str, monkeypatch):  # noqa: ANN001, ANN202
+    """A script loaded by path, registered as its module name while the test runs
+    (dataclasses look their module up)."""
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
 
 
-def test_ceiling_prices_a_perfect_draft_from_the_bench_costs() -> None:
+def test_ceiling_prices_a_perfect_draft_from_the_bench_costs(monkeypatch) -> None:
     """Target 10 + 0.2·T ms, draft calls 2 ms, 4 ms per pass beside the calls: a perfect
     γ 2 / width 10 tree verifies 25 tokens with 2 draft calls (23 ms) for τ 3."""
     record = {
@@ -170,7 +170,7 @@ def test_ceiling_prices_a_perfect_draft_from_the_bench_costs() -> None:
         "lean_plain_step_ms": 12.0,
         "pass_profile": {"slots": 25.0, "draft_calls": 2.0, "draft_slots": 10.0, "tau": 2.0},
     }  # fmt: skip
-    out = _script("ceiling").table(record)
+    out = _script("ceiling", monkeypatch).table(record)
     assert "| today, measured τ | 25.0 | 2.00 | 23.0 | 2.00 | 11.50 | 1.04× | 1.15× |" in out
     assert (
         "| γ 2, width 10, perfect draft | 25.0 | 2.00 | 23.0 | 3.00 | 7.67 | 1.57× | 1.72× |" in out

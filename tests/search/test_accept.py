@@ -46,7 +46,7 @@ def _accept(second_score: float) -> tuple:
         SlotTable(1, 4, torch.device("cpu")),
         chain_slots=torch.tensor([[[0], [1]]]),
         node_slots=torch.tensor([[[2, 3]]]),
-        hidden=torch.zeros((1, 4, 1)),
+        features=torch.zeros((1, 4, 1)),
         logits=logits,
     )
     tree = DraftTree(
@@ -111,7 +111,7 @@ def _chain_case(seed: int) -> tuple:
         table,
         chain_slots=torch.zeros((num_sources, 1, 1), dtype=torch.int64),
         node_slots=torch.arange(1, depth + 1).expand(num_sources, depth)[..., None],
-        hidden=torch.zeros((num_sources, 1 + depth, 1)),
+        features=torch.zeros((num_sources, 1 + depth, 1)),
         logits=logits,
     )
     tree = DraftTree(

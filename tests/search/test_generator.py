@@ -167,6 +167,16 @@ def test_equivalence_with_draft_heads(seed, tiny_target, untrained_head, random_
         assert_same(*result)
 
 
+@pytest.mark.parametrize("seed", range(540, 570))
+def test_equivalence_with_heads_over_several_layers(seed, tiny_target, fused_head, vocab_info):
+    """A head that reads a lower layer too gets it from the verification, through the
+    lean target (even seeds) and through fairseq2's modules (odd)."""
+    options = {"lean_target": seed % 2 == 0, "lean_draft": seed % 3 != 0}
+    result = run_both(Case.draw(seed), tiny_target, fused_head, vocab_info, **options)
+    if result is not None:
+        assert_same(*result)
+
+
 @pytest.mark.parametrize("seed", range(260, 320))
 def test_plain_search_without_a_draft_is_fairseq2s(seed, tiny_target, vocab_info) -> None:
     """No draft: specbeam's own beam search, one step per target call on the lean path

@@ -31,6 +31,7 @@ def test_a_head_shares_the_targets_modules_and_owns_its_layers(tiny_target) -> N
     assert head.decoder.layers[-1].ffn.inner_proj.weight is not last
     own = head.own_state_dict()
     assert all(k.startswith(("feature_proj.", "decoder.layers.")) for k in own)
+    assert head.fuse is None  # the final state alone
     assert sum(v.numel() for v in own.values()) == sum(p.numel() for p in head.own_parameters())
 
 
@@ -47,6 +48,31 @@ def test_casting_copies_the_shared_modules_and_keeps_the_target_fp32(tiny_target
 def test_bad_sizes_are_refused(tiny_target) -> None:
     with pytest.raises(ValueError, match="1 to 2 layers"):
         DraftHead(tiny_target, HeadArch(num_layers=3))
+    for layers in ((1,), (-1,), (0, 0)):  # the last layer is the final state already
+        with pytest.raises(ValueError, match="distinct layers 0 to 0"):
+            DraftHead(tiny_target, HeadArch(feature_layers=layers))
+
+
+def test_a_head_over_several_layers_starts_as_the_choice_of_the_final_state(tiny_target) -> None:
+    head = DraftHead(copy.deepcopy(tiny_target), HeadArch(feature_layers=(0,)))
+    assert head.fuse is not None and "fuse.weight" in head.own_state_dict()
+    lower, final = torch.randn(3, 5, 64), torch.randn(3, 5, 64)
+    fused = head.fuse_features(torch.cat([lower, final], -1))
+    torch.testing.assert_close(fused, final)
+    # No bias: the prompt's zero states stay zero.
+    assert torch.equal(head.fuse_features(torch.zeros(2, 128)), torch.zeros(2, 64))
+
+
+def test_a_head_over_several_layers_round_trips(tmp_path, tiny_target) -> None:
+    target = copy.deepcopy(tiny_target)
+    head = DraftHead(target, HeadArch(num_layers=1, feature_layers=(0,)))
+    torch.nn.init.normal_(head.fuse.weight)
+    save_model(target, TARGET_ARCH, tmp_path / "target.pt", torch.float32)
+    save_head(head, tmp_path / "head.pt", torch.float32)
+    pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "head.pt"))
+    _, loaded = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
+    assert loaded.feature_layers == (0,)
+    assert torch.equal(loaded.fuse.weight, head.fuse.weight)
 
 
 def test_checkpoint_round_trip_and_card(tmp_path, tiny_target) -> None:
@@ -61,7 +87,10 @@ def test_checkpoint_round_trip_and_card(tmp_path, tiny_target) -> None:
     for k, v in head.own_state_dict().items():
         assert torch.equal(loaded.own_state_dict()[k], v)
     card = model_card("head", tmp_path / "head.pt", tmp_path)
-    assert card["model_family"] == DRAFT_HEAD_FAMILY and card["model_config"] == {"num_layers": 1}
+    assert card["model_family"] == DRAFT_HEAD_FAMILY and card["model_config"] == {
+        "num_layers": 1,
+        "feature_layers": [],
+    }
     with pytest.raises(ValueError, match="draft head"):
         load_model(tmp_path / "head.pt")  # a head needs its target
 

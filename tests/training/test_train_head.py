@@ -20,6 +20,41 @@ def data(tiny_target) -> HeadData:
     return compute_head_data(tiny_target, pairs, 0, 8, prompt_len=1, bf16=False)
 
 
+@pytest.fixture(scope="module")
+def fused_data(tiny_target) -> HeadData:
+    """The same pairs with the target's first layer's output beside its final state."""
+    gen = torch.Generator().manual_seed(5)
+    pairs = [TokenizedPair(*synthetic_pair(gen)) for _ in range(160)]
+    return compute_head_data(
+        tiny_target, pairs, 0, 8, prompt_len=1, bf16=False, feature_layers=(0,)
+    )
+
+
+def test_data_over_several_layers_holds_what_verification_taps(
+    tiny_target, data, fused_data
+) -> None:
+    """The stored layer outputs are the ones a verification pass hands a head (the
+    target's decoder with `taps`), and the final states are the plain data's."""
+    assert fused_data.states.shape == (len(data.tokens), 128)
+    assert torch.equal(fused_data.select(()).states, data.states)
+    assert fused_data.select(()).feature_layers == ()
+    batch = fused_data.batch([7], 0)
+    length = batch.lens[0]
+    src, layout = pad([torch.zeros(batch.encoder.size(1), dtype=torch.int64)], 0)
+    for lean in (True, False):
+        dec = TreeDecoder(
+            tiny_target, src, layout, hyps_per_source=1, capacity=2 * length,
+            encoder_output=batch.encoder, lean=lean, taps=(0,),
+        )  # fmt: skip
+        table = SlotTable(1, length, torch.device("cpu"))
+        tokens = batch.tokens[:, None, :length]
+        table.add_chains(tokens, torch.tensor([length]), torch.zeros(1, dtype=torch.int64))
+        with torch.no_grad():
+            features = dec.features(dec.forward(*table.query(0, length)))
+        # Stored in fp16: half an ulp is 2^-12 relative.
+        torch.testing.assert_close(features, batch.states[:, :length], atol=2e-3, rtol=1e-3)
+
+
 def test_data_holds_the_targets_states_and_distributions(tiny_target, data) -> None:
     batch = data.batch([3], 0)
     length = batch.lens[0]
@@ -32,11 +67,15 @@ def test_data_holds_the_targets_states_and_distributions(tiny_target, data) -> N
     torch.testing.assert_close(top.values, batch.top_logp[0, :length], atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("lean", [True, False])
-def test_training_steps_match_the_drafting_decoder(tiny_target, untrained_head, data, lean):
-    """Step 0 reads the target's states along the prefix, step 1 the head's own state of
-    the parent: the tree decoder, fed as the drafter feeds it, gives the same states."""
-    head: DraftHead = untrained_head
+@pytest.mark.parametrize(("lean", "fused"), [(True, False), (False, False), (True, True)])
+def test_training_steps_match_the_drafting_decoder(
+    tiny_target, untrained_head, fused_head, data, fused_data, lean, fused
+):
+    """Step 0 reads the target's states along the prefix (fused, for a head over several
+    layers), step 1 the head's own state of the parent: the tree decoder, fed as the
+    drafter feeds it, gives the same states."""
+    head: DraftHead = fused_head if fused else untrained_head
+    data = fused_data if fused else data
     row = 7
     batch = data.batch([row], 0)
     length = batch.lens[0]
@@ -51,8 +90,8 @@ def test_training_steps_match_the_drafting_decoder(tiny_target, untrained_head, 
         table = SlotTable(1, 2 * length, torch.device("cpu"))
         tokens = batch.tokens[:, None, :length]
         roots = table.add_chains(tokens, torch.tensor([length]), torch.zeros(1, dtype=torch.int64))
-        parents = torch.cat(
-            [torch.zeros_like(batch.states[:, :1]), batch.states[:, : length - 1]], 1
+        parents = head.fuse_features(
+            torch.cat([torch.zeros_like(batch.states[:, :1]), batch.states[:, : length - 1]], 1)
         )
         chain = dec.forward(*table.query(0, length), features=parents)
         torch.testing.assert_close(chain, step0[:, :length], atol=1e-5, rtol=1e-4)
