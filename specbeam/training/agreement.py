@@ -95,8 +95,9 @@ def _head_tops(
     prompt_len: int,
 ) -> Iterator[tuple[Tensor, Tensor]]:
     data = compute_head_data(
-        target, pairs, pad_idx, k, prompt_len=prompt_len, max_tokens=max_tokens, bf16=False
-    )
+        target, pairs, pad_idx, k, prompt_len=prompt_len, max_tokens=max_tokens, bf16=False,
+        feature_layers=head.feature_layers,
+    )  # fmt: skip
     for batch in token_batches(data.lengths(), max_tokens):
         rows = data.batch(batch, pad_idx)
         positions = torch.arange(rows.tokens.size(1))[None, :]

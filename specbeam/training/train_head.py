@@ -224,7 +224,7 @@ class HeadTrainer:
         target.requires_grad_(False)
         layers = tuple(cfg.feature_layers)
         if cfg.init:
-            self.head = _init_head(_repo_path(cfg.init), target, layers)
+            self.head = init_head(_repo_path(cfg.init), target, layers)
         else:
             self.head = DraftHead(
                 target, HeadArch(num_layers=cfg.num_layers, feature_layers=layers)
@@ -380,7 +380,8 @@ def plot_curves(history: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _init_head(path: Path, target: TransformerModel, layers: tuple[int, ...]) -> DraftHead:
+def init_head(path: Path, target: TransformerModel, layers: tuple[int, ...]) -> DraftHead:
+    """The head of checkpoint `path` over `target`, widened to read `layers` too."""
     head = load_model(path, target=target)
     if not isinstance(head, DraftHead):
         raise ValueError(f"init={path} is not a draft head")

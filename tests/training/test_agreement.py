@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specbeam.apps.data import TokenizedPair
+from specbeam.search.head import DraftHead, HeadArch
 from specbeam.training.agreement import measure_agreement
 from tests.conftest import synthetic_pair
 
@@ -51,3 +52,17 @@ def test_heads_agree_from_the_targets_states(tiny_target, tiny_head, untrained_h
     assert untrained.top1 < trained.top1 and untrained.topk_covered < trained.topk_covered
     with pytest.raises(ValueError, match="prompt length"):
         measure_agreement(tiny_target, tiny_head, data, pad_idx=0)
+
+
+def test_a_head_over_several_layers_reads_them_from_the_target(tiny_target, tiny_head) -> None:
+    """Widened with a fusion that picks the final state, a head agrees as before; with
+    the lower layer weighed in, otherwise."""
+    wider = DraftHead(tiny_target, HeadArch(num_layers=1, feature_layers=(0,))).eval()
+    wider.load_state_dict(tiny_head.own_state_dict(), strict=False)
+    data = pairs(40)
+    options = dict(pad_idx=0, k=2, width=4, prompt_len=1)
+    base = measure_agreement(tiny_target, tiny_head, data, **options)
+    assert measure_agreement(tiny_target, wider, data, **options) == base
+    with torch.no_grad():
+        wider.fuse.weight[:, :64] = torch.eye(64)  # the lower layer's output added in
+    assert measure_agreement(tiny_target, wider, data, **options) != base

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from specbeam.apps.data import TokenizedPair, pad
+from specbeam.integration.models import save_head
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
 from specbeam.training.head_data import HeadData, compute_head_data
-from specbeam.training.train_head import head_loss, unrolled_states
+from specbeam.training.train_head import head_loss, init_head, unrolled_states
 from tests.conftest import synthetic_pair, train_head_briefly
 
 
@@ -102,6 +103,26 @@ def test_training_steps_match_the_drafting_decoder(
         )
         children = dec.forward(*table.query(length, table.size), features=chain[:, : length - 1])
         torch.testing.assert_close(children, step1[:, 1:length], atol=1e-5, rtol=1e-4)
+
+
+def test_a_head_over_several_layers_starts_where_its_init_stood(
+    tmp_path, tiny_target, untrained_head, data, fused_data
+) -> None:
+    """`init=` a last-layer head with `feature_layers`: the same weights and a fusion
+    that picks the final state, so training starts from the init's predictions."""
+    save_head(untrained_head, tmp_path / "head.pt", torch.float32)
+    wider = init_head(tmp_path / "head.pt", tiny_target, (0,))
+    assert wider.feature_layers == (0,)
+    with torch.no_grad():
+        for want, got in zip(
+            unrolled_states(untrained_head, data.batch([3, 9], 0), 2),
+            unrolled_states(wider, fused_data.batch([3, 9], 0), 2),
+            strict=True,
+        ):
+            torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="only a head over the final state alone"):
+        save_head(wider, tmp_path / "wider.pt", torch.float32)
+        init_head(tmp_path / "wider.pt", tiny_target, ())
 
 
 def test_training_lowers_the_loss_and_raises_agreement(tiny_target, data) -> None:
