@@ -65,10 +65,11 @@ class DraftHead(nn.Module):
             )
         below = len(target.decoder.layers) - 1
         taps = tuple(arch.feature_layers)
-        if any(not 0 <= i < below for i in taps) or len(set(taps)) != len(taps):
+        if any(not 0 <= i < below for i in taps) or list(taps) != sorted(set(taps)):
             raise ValueError(
-                f"feature_layers are distinct layers 0 to {below - 1} of the target's decoder "
-                f"(its last layer gives the final state), not {list(taps)}"
+                f"feature_layers are distinct layers 0 to {below - 1} of the target's decoder, "
+                f"ascending (the order verification taps them; its last layer gives the final "
+                f"state), not {list(taps)}"
             )
         dim = target.model_dim
         self.arch = arch

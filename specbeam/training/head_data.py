@@ -111,7 +111,12 @@ def compute_head_data(
     bf16: bool = True,
     feature_layers: tuple[int, ...] = (),
 ) -> HeadData:
-    """`prompt_len`: the targets' leading tokens that generation starts from."""
+    """`prompt_len`: the targets' leading tokens that generation starts from;
+    `feature_layers` ascending, the order the layers run and a head reads them."""
+    if list(feature_layers) != sorted(set(feature_layers)):
+        raise ValueError(
+            f"feature_layers must be distinct and ascending, not {list(feature_layers)}"
+        )
     tgt_lens = torch.tensor([len(p.target) - 1 for p in pairs])
     src_lens = torch.tensor([len(p.source) for p in pairs])
     tgt_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), tgt_lens.cumsum(0)])
