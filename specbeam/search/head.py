@@ -23,7 +23,7 @@ encoder, front-end, final norm and projection are the target's modules.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, final
 
@@ -52,6 +52,19 @@ class HeadArch:
     reads, beside the final state (EAGLE-3); () reads the final state alone."""
 
 
+def check_feature_layers(layers: Sequence[int], target: TransformerModel) -> tuple[int, ...]:
+    """`layers` as a tuple, if they are distinct, ascending (the order verification taps
+    them and the head data stores them) and below the target's last decoder layer."""
+    below = len(target.decoder.layers) - 1
+    if any(not 0 <= i < below for i in layers) or list(layers) != sorted(set(layers)):
+        raise ValueError(
+            f"feature_layers are distinct layers 0 to {below - 1} of the target's decoder, "
+            f"ascending (the order verification taps them; its last layer gives the final "
+            f"state), not {list(layers)}"
+        )
+    return tuple(layers)
+
+
 @final
 class DraftHead(nn.Module):
     """A draft that drafts from the target's states (see the module docstring)."""
@@ -63,14 +76,7 @@ class DraftHead(nn.Module):
                 f"a head has 1 to {len(target.decoder.layers)} layers (the target's decoder), "
                 f"not {arch.num_layers}"
             )
-        below = len(target.decoder.layers) - 1
-        taps = tuple(arch.feature_layers)
-        if any(not 0 <= i < below for i in taps) or list(taps) != sorted(set(taps)):
-            raise ValueError(
-                f"feature_layers are distinct layers 0 to {below - 1} of the target's decoder, "
-                f"ascending (the order verification taps them; its last layer gives the final "
-                f"state), not {list(taps)}"
-            )
+        taps = check_feature_layers(arch.feature_layers, target)
         dim = target.model_dim
         self.arch = arch
         self.feature_layers = taps

@@ -10,7 +10,7 @@ rows of different lengths).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import final
 
@@ -20,6 +20,7 @@ from fairseq2.models.transformer import (
     AttentionBias,
     StandardTransformerEncoder,
     TorchSDPA,
+    TransformerDecoder,
     TransformerEmbeddingFrontend,
     TransformerModel,
 )
@@ -257,20 +258,6 @@ class TreeDecoder:
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         return embed_at(self.model.decoder_frontend, tokens, positions).to(self.dtype)
 
-    @contextmanager
-    def _tapping(self, tapped: list[Tensor]) -> Iterator[None]:
-        """Collects the outputs of layers `taps` of one call through fairseq2's modules."""
-        layers = self.model.decoder.layers
-        hooks = [
-            layers[i].register_forward_hook(lambda _m, _a, out: tapped.append(out))
-            for i in self.taps
-        ]
-        try:
-            yield
-        finally:
-            for hook in hooks:
-                hook.remove()
-
     def features(self, hidden: Tensor) -> Tensor:
         """The last call's states a draft head reads, (S, T, (len(taps) + 1) M): the
         outputs of layers `taps`, then `hidden`, its final states."""
@@ -310,13 +297,12 @@ class TreeDecoder:
         if self.head is not None:
             assert features is not None
             x = self.head.read_features(x, features)
-        tapped: list[Tensor] = []
         if self.lean is not None:
             out, tapped = self.lean(x, self.bias.tensor, self._source_bias, self.taps)
             observe(self.model.decoder, self.state_bag)
         else:
             enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
-            with self._tree_attention(), self._tapping(tapped):
+            with self._tree_attention(), tapping(self.model.decoder, self.taps) as tapped:
                 out = self.model.decoder(
                     x, BatchLayout.of(x), self.encoder_output, enc_layout, state_bag=self.state_bag
                 )
@@ -340,6 +326,21 @@ class TreeDecoder:
         for layer in self.model.decoder.layers:
             state = self.state_bag.maybe_get_state(layer.encoder_decoder_attn, CrossAttentionState)
             state.reorder(keep)
+
+
+@contextmanager
+def tapping(decoder: TransformerDecoder, taps: Sequence[int]) -> Iterator[list[Tensor]]:
+    """The outputs of layers `taps` of fairseq2's decoder, collected while in the block."""
+    tapped: list[Tensor] = []
+    hooks = [
+        decoder.layers[i].register_forward_hook(lambda _m, _a, out: tapped.append(out))
+        for i in taps
+    ]
+    try:
+        yield tapped
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _encode(

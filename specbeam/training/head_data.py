@@ -24,6 +24,8 @@ from tqdm import tqdm
 
 from specbeam.apps.data import TokenizedPair, teacher_forcing, token_batches
 from specbeam.integration.models import atomic_save, load_model
+from specbeam.search.head import check_feature_layers
+from specbeam.search.tree_attention import tapping
 from specbeam.training.teacher import fingerprint
 
 log = logging.getLogger("specbeam.train_head")
@@ -113,10 +115,7 @@ def compute_head_data(
 ) -> HeadData:
     """`prompt_len`: the targets' leading tokens that generation starts from;
     `feature_layers` ascending, the order the layers run and a head reads them."""
-    if list(feature_layers) != sorted(set(feature_layers)):
-        raise ValueError(
-            f"feature_layers must be distinct and ascending, not {list(feature_layers)}"
-        )
+    feature_layers = check_feature_layers(feature_layers, target)
     tgt_lens = torch.tensor([len(p.target) - 1 for p in pairs])
     src_lens = torch.tensor([len(p.source) for p in pairs])
     tgt_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), tgt_lens.cumsum(0)])
@@ -133,14 +132,8 @@ def compute_head_data(
         prompt_len=prompt_len,
         feature_layers=feature_layers,
     )
-    tapped: list[Tensor] = []
-    layers = target.decoder.layers
-    hooks = [layers[i].register_forward_hook(lambda _m, _a, out: tapped.append(out)) for i in feature_layers]  # fmt: skip
-    try:
+    with tapping(target.decoder, feature_layers) as tapped:
         _fill(data, target, pairs, pad_idx, k, tapped, max_tokens, bf16)
-    finally:
-        for hook in hooks:
-            hook.remove()
     return data
 
 

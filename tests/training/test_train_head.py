@@ -39,7 +39,9 @@ def test_data_over_several_layers_holds_what_verification_taps(
     assert fused_data.states.shape == (len(data.tokens), 128)
     assert torch.equal(fused_data.select(()).states, data.states)
     assert fused_data.select(()).feature_layers == ()
-    with pytest.raises(ValueError, match="distinct and ascending"):
+    with pytest.raises(
+        ValueError, match="distinct layers 0 to 0 of the target's decoder, ascending"
+    ):
         compute_head_data(tiny_target, [], 0, 8, prompt_len=1, feature_layers=(1, 0))
     batch = fused_data.batch([7], 0)
     length = batch.lens[0]
