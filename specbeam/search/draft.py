@@ -210,7 +210,11 @@ class Drafter:
         chain_features = (
             None if self.pending_features is None else self.pending_features[:, :n].flatten(1, 2)
         )
-        hidden = dec.forward(*table.query(0, table.size), features=chain_features)
+        hidden = dec.forward(
+            *table.query(0, table.size),
+            features=chain_features,
+            packing=dec.packing(table.valid[:, : table.size]),
+        )
         # The states of the last level's nodes (S, m, M): the roots first.
         level = hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1)))
         logits = self._logits(level)
@@ -240,7 +244,11 @@ class Drafter:
                     else None
                 )
                 parent_slots = table.add_nodes(token, parent_slots.gather(1, parent), valid[-1])
-                level = dec.forward(*table.query(begin, table.size), features=features)
+                level = dec.forward(
+                    *table.query(begin, table.size),
+                    features=features,
+                    packing=dec.packing(table.valid[:, begin : table.size]),
+                )
                 logits = self._logits(level)
                 cum = score
         self.table, self.root_slots = table, roots

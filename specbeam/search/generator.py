@@ -484,7 +484,7 @@ class _Op:
             stats.record_pass(
                 state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
             )
-            stats.verified_slots += verification.logits.shape[0] * verification.logits.shape[1]
+            stats.verified_slots += verification.computed_slots
             chains = acceptance.roots[..., None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)
             if acceptance.done.any():

@@ -335,7 +335,7 @@ class _SampleOp:
                 self.verifier.commit(verification, origin, last)
                 self.drafter.commit(origin, last, token[:, None], tree, verification)
             stats.record_pass(state.row_ids // g, kept + 1, tree.num_nodes(), kept)
-            stats.verified_slots += verification.logits.shape[0] * verification.logits.shape[1]
+            stats.verified_slots += verification.computed_slots
             done = token == self.rules.vocab.eos_idx
             chains = token[:, None, None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)

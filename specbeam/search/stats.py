@@ -18,7 +18,7 @@ class SpecStats:
     source_passes: int = 0  # (pass, unfinished source) pairs
     steps: int = 0  # beam-search steps, summed over sources
     drafted_tokens: int = 0
-    verified_slots: int = 0  # query tokens of all verification calls (padding included)
+    verified_slots: int = 0  # query tokens the verification calls computed (padding packed away)
     accepted_tokens: int = 0
     plain_sources: int = 0  # decoded by plain beam search (batch above max_speculative_sources)
     tau_histogram: Counter[int] = field(default_factory=Counter)

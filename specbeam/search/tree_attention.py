@@ -36,7 +36,13 @@ from typing_extensions import override
 
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
-from specbeam.search.lean_decoder import LeanDecoder, cross_keys, lean_problem, padding_bias
+from specbeam.search.lean_decoder import (
+    LeanDecoder,
+    Packing,
+    cross_keys,
+    lean_problem,
+    padding_bias,
+)
 from specbeam.search.lean_encoder import MAX_TOKENS, encode, encoder_problem
 from specbeam.search.onednn import linear
 from specbeam.search.peak_cache import observe
@@ -263,6 +269,10 @@ class TreeDecoder:
         outputs of layers `taps`, then `hidden`, its final states."""
         return torch.cat([*self.tapped, hidden], dim=-1) if self.tapped else hidden
 
+    def packing(self, valid: Tensor) -> Packing | None:
+        """How `forward` should pack slots `valid` (S, T): only the lean path packs."""
+        return None if self.lean is None else Packing.of(valid)
+
     @property
     def reads_features(self) -> bool:
         """A draft head: every slot also reads its parent's (target) decoder state."""
@@ -275,12 +285,14 @@ class TreeDecoder:
         hyp: Tensor,
         visible: Tensor,
         features: Tensor | None = None,
+        packing: Packing | None = None,
     ) -> Tensor:
         """Decodes T new slots per source; returns their decoder outputs (S, T, M).
 
         tokens, positions, hyp: (S, T); visible: (S, T, spec_len + T) over the slots
         already in the cache after the last commit, then these. features: (S, T, M), the
-        parents' states, for a draft head only.
+        parents' states, for a draft head only. With `packing` the lean path computes the
+        valid slots only; the outputs of the others are zeros.
         """
         if (features is not None) != self.reads_features:
             raise ValueError("a draft head needs its parents' states; other decoders take none")
@@ -298,7 +310,9 @@ class TreeDecoder:
             assert features is not None
             x = self.head.read_features(x, features)
         if self.lean is not None:
-            out, tapped = self.lean(x, self.bias.tensor, self._source_bias, self.taps)
+            out, tapped = self.lean(x, self.bias.tensor, self._source_bias, self.taps, packing)
+            if packing is not None:
+                out, tapped = packing.unpack(out), [packing.unpack(t) for t in tapped]
             observe(self.model.decoder, self.state_bag)
         else:
             enc_layout = BatchLayout.of(self.encoder_output, self.encoder_seq_lens)
@@ -311,11 +325,14 @@ class TreeDecoder:
         self.bias.tensor = None
         return out
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """Projects decoder outputs (..., M) to vocabulary logits (..., V)."""
+    def logits(self, hidden: Tensor, packing: Packing | None = None) -> Tensor:
+        """Projects decoder outputs (..., M) to vocabulary logits (..., V); with `packing`
+        (lean path only), the valid slots only, zeros elsewhere."""
         proj = self.model.final_proj
         if self.lean is not None and isinstance(proj, Linear | TiedProjection):
-            return linear(hidden, proj.weight, proj.bias)
+            if packing is None:
+                return linear(hidden, proj.weight, proj.bias)
+            return packing.unpack(linear(packing.pack(hidden), proj.weight, proj.bias))
         return proj(hidden)
 
     def select_sources(self, keep: Tensor) -> None:

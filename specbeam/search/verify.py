@@ -19,6 +19,7 @@ class Verification:
     node_slots: Tensor  # (S, D, w)
     features: Tensor  # (S, T, F) what a draft head reads (TreeDecoder.features)
     logits: Tensor  # (S, T, V), T = n * c + D * w
+    computed_slots: int  # of the S·T: the lean target computes the valid ones only at batch > 1
 
     @property
     def root_slots(self) -> Tensor:
@@ -58,12 +59,14 @@ class Verifier:
         roots = table.add_chains(chains, chain_len, self.decoder.cache.lens)
         chain_slots = roots[..., None] - torch.arange(c - 1, -1, -1)
         node_slots = tree.add_to(table, roots)
-        hidden = self.decoder.forward(*table.query(0, table.size))
+        packing = self.decoder.packing(table.valid[:, : table.size])
+        hidden = self.decoder.forward(*table.query(0, table.size), packing=packing)
         # All slots in one projection: at small batches it is bound by reading the
         # (V, M) weights, so projecting per replay step would read them τ times.
-        logits = self.decoder.logits(hidden)
+        logits = self.decoder.logits(hidden, packing)
         features = self.decoder.features(hidden)
-        return Verification(table, chain_slots, node_slots, features, logits)
+        computed = logits.shape[0] * logits.shape[1] if packing is None else packing.index.numel()
+        return Verification(table, chain_slots, node_slots, features, logits, computed)
 
     def commit(self, verification: Verification, origin: Tensor, node: Tensor) -> None:
         table = verification.table

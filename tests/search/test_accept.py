@@ -48,6 +48,7 @@ def _accept(second_score: float) -> tuple:
         node_slots=torch.tensor([[[2, 3]]]),
         features=torch.zeros((1, 4, 1)),
         logits=logits,
+        computed_slots=4,
     )
     tree = DraftTree(
         tokens=torch.tensor([[[3, 5]]]),
@@ -113,6 +114,7 @@ def _chain_case(seed: int) -> tuple:
         node_slots=torch.arange(1, depth + 1).expand(num_sources, depth)[..., None],
         features=torch.zeros((num_sources, 1 + depth, 1)),
         logits=logits,
+        computed_slots=num_sources * (1 + depth),
     )
     tree = DraftTree(
         tokens=drafted[..., None],

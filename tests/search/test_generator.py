@@ -20,6 +20,7 @@ from fairseq2.generation.step_processor import NGramRepeatBlockProcessor
 
 from specbeam.apps.data import pad
 from specbeam.integration.models import build_shallow_draft
+from specbeam.search import lean_decoder
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.draft import Drafter, DraftShape
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
@@ -175,6 +176,31 @@ def test_equivalence_with_heads_over_several_layers(seed, tiny_target, fused_hea
     result = run_both(Case.draw(seed), tiny_target, fused_head, vocab_info, **options)
     if result is not None:
         assert_same(*result)
+
+
+@pytest.mark.parametrize("seed", range(600, 630))
+def test_equivalence_when_padded_calls_compute_valid_slots_only(
+    seed, tiny_target, tiny_draft, random_head, vocab_info, monkeypatch
+) -> None:
+    """Sources of a batch draft to different depths and carry chains of different
+    lengths; every lean call with padding runs its products over the valid slots only
+    (packing from any padding, not from a tenth), drafts and heads alike."""
+    monkeypatch.setattr(lean_decoder, "MIN_PADDING", 0.0)
+    packed = []
+    pack = lean_decoder.Packing.of
+    monkeypatch.setattr(
+        lean_decoder.Packing,
+        "of",
+        staticmethod(lambda valid: packed.append(pack(valid)) or packed[-1]),
+    )
+    case = Case.draw(seed)
+    case.batch = max(case.batch, 3)
+    case.shape.setdefault("gamma_bounds", (1, case.gamma + 1))
+    draft = random_head if seed % 2 else tiny_draft
+    result = run_both(case, tiny_target, draft, vocab_info, lean_draft=True)
+    if result is not None:
+        assert_same(*result)
+        assert any(p is not None for p in packed), "no call was packed"
 
 
 @pytest.mark.parametrize("seed", range(260, 320))

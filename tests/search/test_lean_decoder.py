@@ -1,5 +1,6 @@
 """The lean decoder computes what fairseq2's decoder computes, on trees, padded batches
-and after sources are dropped; decoders it cannot run keep fairseq2's path."""
+and after sources are dropped, and computes the valid slots alone when packed; decoders it
+cannot run keep fairseq2's path."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from fairseq2.models.transformer import TransformerNormOrder
 
 from specbeam.apps.data import pad
-from specbeam.search.lean_decoder import lean_problem
+from specbeam.search.lean_decoder import Packing, lean_problem
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
 from tests.conftest import sources
 from tests.search.test_tree_attention import TOL, random_tree
@@ -65,3 +66,60 @@ def test_decoders_the_lean_path_cannot_run_keep_fairseq2s(tiny_target, caplog) -
     dec = TreeDecoder(post, src, layout, hyps_per_source=1, capacity=16, lean=True)
     assert dec.lean is None
     assert "runs through fairseq2's modules: norm order POST" in caplog.text
+
+
+def test_packed_calls_compute_the_valid_slots_as_unpacked_ones_do(tiny_target) -> None:
+    """Batches of sources of different depths pad their slot tables: packed, the valid
+    slots get the same states and logits, the padding zeros, and the caches the same keys
+    wherever a valid slot can see them (the next call reads them)."""
+    gen = torch.Generator().manual_seed(11)
+    k, srcs = 2, sources(seed=17, batch=3)
+    src, layout = pad(srcs, 0)
+    plain, packed = (
+        TreeDecoder(tiny_target, src, layout, hyps_per_source=k, capacity=64, lean=True)
+        for _ in range(2)
+    )
+    with torch.inference_mode():
+        for _ in range(3):
+            table = SlotTable(3, k + 8, torch.device("cpu"))
+            last = torch.randint(4, 48, (3, k, 1), generator=gen)
+            roots = table.add_chains(last, torch.ones(3, dtype=torch.int64), plain.cache.lens)
+            random_tree(table, roots, gen, depth=2, width=4)
+            table.valid[:, k:] &= torch.rand(3, 8, generator=gen) < 0.6  # pruned nodes
+            seen = table.visible[:, : table.size, : table.size]
+            valid = table.valid[:, : table.size]
+            valid &= ~(seen & ~valid[:, None, :]).any(-1)  # and their descendants
+            packing = Packing.of(valid)
+            assert packing is not None and packing.index.numel() == int(valid.sum())
+            want = plain.logits(plain.forward(*table.query(0, table.size)))
+            got = packed.logits(
+                packed.forward(*table.query(0, table.size), packing=packing), packing
+            )
+            assert torch.allclose(got[valid], want[valid], atol=TOL), (
+                (got - want)[valid].abs().max()
+            )
+            assert not got[~valid].any()
+            # Each hypothesis keeps a valid node (or its root) and the path above it.
+            chosen = torch.stack([
+                torch.where(valid[s, k:], torch.arange(k, table.size), s % k).max().expand(k)
+                for s in range(3)
+            ])  # fmt: skip
+            keep = table.visible[torch.arange(3)[:, None], chosen, : table.size]
+            origin = torch.randint(0, k, (3, k), generator=gen)
+            for dec in (plain, packed):
+                dec.cache.commit(origin, keep)
+
+
+def test_calls_with_little_padding_are_not_packed() -> None:
+    valid = torch.ones(4, 30, dtype=torch.bool)
+    assert Packing.of(valid) is None
+    valid[0, :2] = False  # 2 of 120: unpacking would cost what the rows save
+    assert Packing.of(valid) is None
+    valid[1:3, :10] = False
+    packing = Packing.of(valid)
+    assert (
+        packing is not None
+        and packing.index.tolist() == valid.flatten().nonzero().flatten().tolist()
+    )
+    x = torch.randn(4, 30, 3)
+    assert torch.equal(packing.unpack(packing.pack(x)), x * valid[..., None])

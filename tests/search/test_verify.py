@@ -24,7 +24,7 @@ def verification() -> Verification:
     node_slots = tree.add_to(table, roots)
     chain_slots = roots[..., None] - torch.arange(1, -1, -1)
     hidden = torch.arange(2 * 8, dtype=torch.float32).view(2, 8, 1)
-    return Verification(table, chain_slots, node_slots, hidden, torch.zeros((2, 8, 3)))
+    return Verification(table, chain_slots, node_slots, hidden, torch.zeros((2, 8, 3)), 16)
 
 
 def test_slots_of_roots_and_nodes() -> None:
