@@ -320,7 +320,8 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         if limit is not None and num_sources > limit:
             why = f"batches of more than {limit} sentences (decoding.max_speculative_batch)"
         elif planner is not None and not planner.speculate(num_sources):
-            why = f"batches the planner prices faster without the draft ({num_sources} sentences)"
+            size = f"{num_sources} sentence" + ("s" if num_sources != 1 else "")
+            why = f"batches the planner prices faster without the draft (the first: {size})"
         else:
             return True
         if not self._told_plain:
