@@ -27,6 +27,9 @@ from pathlib import Path
 
 import matplotlib
 import torch
+from fairseq2.data.tokenizers import Tokenizer
+from fairseq2.generation import Seq2SeqGenerator
+from fairseq2.models.transformer import TransformerModel
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -43,10 +46,10 @@ from specbeam.apps.calibrate import (
     step_ms,
 )
 from specbeam.apps.compare import MethodRun, run_side_by_side
-from specbeam.apps.decoding import load_decoding, make_generator
+from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.apps.paths import REPO_ROOT
-from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.integration.models import Draft, ModelPairConfig, load_pair
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -98,6 +101,35 @@ def load_config(model: str, hardware: str) -> EvaluateConfig:
     except HydraException as error:
         raise SystemExit(f"error: {error}".splitlines()[0]) from None
     return OmegaConf.to_object(cfg)
+
+
+@dataclass(frozen=True)
+class Models:
+    """The task's tokenizer and the model pair, loaded as the apps load them, on the
+    threads and settings of `cfg.hardware` (applied first)."""
+
+    cfg: EvaluateConfig
+    tokenizer: Tokenizer
+    target: TransformerModel
+    draft: Draft | None
+
+    @staticmethod
+    def load(cfg: EvaluateConfig) -> Models:
+        cfg.hardware.apply()
+        tokenizer = cfg.task.load_tokenizer()
+        target, draft = load_pair(
+            cfg.model, tokenizer.vocab_info.size, with_draft=True,
+            draft_dtype=cfg.hardware.draft_torch_dtype,
+        )  # fmt: skip
+        return Models(cfg, tokenizer, target, draft)
+
+    def generator(self, d: DecodingConfig) -> Seq2SeqGenerator:
+        """`d` on these models with the hardware's memory budget and planner."""
+        hw = self.cfg.hardware
+        return make_generator(
+            d, self.target, self.draft, self.tokenizer.vocab_info,
+            memory_budget_bytes=hw.memory_budget_bytes, planner=hw.planner(d),
+        )  # fmt: skip
 
 
 def check_checkpoints(model: ModelPairConfig) -> None:
@@ -236,12 +268,8 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     stages = tqdm(total=5, desc="bench", unit="stage", file=sys.stderr)
     if settings.threads is not None:
         cfg.hardware.threads = settings.threads
-    cfg.hardware.apply()
-    tokenizer = cfg.task.load_tokenizer()
-    target, draft = load_pair(
-        cfg.model, tokenizer.vocab_info.size, with_draft=True,
-        draft_dtype=cfg.hardware.draft_torch_dtype,
-    )  # fmt: skip
+    models = Models.load(cfg)
+    tokenizer, target, draft = models.tokenizer, models.target, models.draft
     pairs = cfg.task.split("test")[:: settings.every][: settings.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     base_names = ["beam", "beam_lean", "spec_beam", "greedy", "spec_greedy", "relaxed"]
@@ -261,11 +289,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
             d.max_gen_len = list(settings.max_gen_len)
 
     def method(name: str) -> MethodRun:
-        d = decodings[name]
-        gen = make_generator(
-            d, target, draft, tokenizer.vocab_info,
-            memory_budget_bytes=cfg.hardware.memory_budget_bytes, planner=cfg.hardware.planner(d),
-        )  # fmt: skip
+        gen = models.generator(decodings[name])
         return MethodRun(name, CountingGenerator(gen) if name == "beam" else gen)
 
     stages.update()

@@ -26,11 +26,10 @@ from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import load_config  # noqa: E402
+from bench import Models, load_config  # noqa: E402
 
 from specbeam.apps.compare import MethodRun, run_side_by_side  # noqa: E402
-from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator  # noqa: E402
-from specbeam.integration.models import load_pair  # noqa: E402
+from specbeam.apps.decoding import load_decoding  # noqa: E402
 from specbeam.search import lean_decoder  # noqa: E402
 
 matplotlib.use("Agg")
@@ -66,12 +65,8 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = load_config(args.model, args.hardware)
-    cfg.hardware.apply()
-    tokenizer = cfg.task.load_tokenizer()
-    target, draft = load_pair(
-        cfg.model, tokenizer.vocab_info.size, with_draft=True,
-        draft_dtype=cfg.hardware.draft_torch_dtype,
-    )  # fmt: skip
+    models = Models.load(cfg)
+    tokenizer = models.tokenizer
     sources = [p.source for p in cfg.task.split("test")[:: args.every]]
     spec = cfg.hardware.tune(load_decoding("spec_beam"))
     decodings = {
@@ -79,12 +74,6 @@ def main() -> None:
         "packed": dataclasses.replace(spec, plan=False),
         "unpacked": dataclasses.replace(spec, plan=False),
     }
-
-    def generator(d: DecodingConfig) -> Seq2SeqGenerator:
-        return make_generator(
-            d, target, draft, tokenizer.vocab_info,
-            memory_budget_bytes=cfg.hardware.memory_budget_bytes, planner=cfg.hardware.planner(d),
-        )  # fmt: skip
 
     padding = {"lean plain": NEVER, "packed": args.min_padding, "unpacked": NEVER}
     print(
@@ -97,7 +86,8 @@ def main() -> None:
     ratios: dict[str, list[float]] = {"packed ÷ unpacked": [], "packed ÷ lean plain": []}
     for n in args.batch_sizes:
         runs = [
-            MethodRun(name, Padding(generator(d), padding[name])) for name, d in decodings.items()
+            MethodRun(name, Padding(models.generator(d), padding[name]))
+            for name, d in decodings.items()
         ]
         started = time.perf_counter()
         for r in range(args.rounds):
