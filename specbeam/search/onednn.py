@@ -24,18 +24,46 @@ side by side (Xeon, 53 test verses, identical output).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
-from torch.utils.weak import WeakIdKeyDictionary
 
-_packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_fused: WeakIdKeyDictionary = WeakIdKeyDictionary()  # first weight -> the group's packing
-_row_packs: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> its MKL packings
+
+class _PerTensor:
+    """Values kept while their tensor lives, found by `id`. torch's WeakIdKeyDictionary
+    builds a weak reference on every lookup: 24 µs of wrapping around a 16 µs few-row
+    product, about 0.9 ms of a plain beam-5 step."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, tensor: Tensor) -> Any:
+        entry = self._entries.get(id(tensor))
+        return entry[1] if entry is not None and entry[0]() is tensor else None
+
+    def __getitem__(self, tensor: Tensor) -> Any:
+        value = self.get(tensor)
+        if value is None:
+            raise KeyError(id(tensor))
+        return value
+
+    def __contains__(self, tensor: Tensor) -> bool:
+        return self.get(tensor) is not None
+
+    def __setitem__(self, tensor: Tensor, value: Any) -> None:
+        key, entries = id(tensor), self._entries
+        entries[key] = (weakref.ref(tensor, lambda _: entries.pop(key, None)), value)
+
+
+_packed = _PerTensor()
+_fused = _PerTensor()  # first weight -> the group's packing
+_row_packs = _PerTensor()  # weight -> its MKL packings
 PACK_AFTER = 16
 """Uses of a row count before MKL packs a weight for it: a source's length or the last
 call of a batch must not cost a copy of the model."""

@@ -223,3 +223,18 @@ def test_a_changed_weight_drops_its_row_packings():
     with torch.inference_mode():
         assert torch.equal(linear(x, w, b), torch_linear(x, w, b))
         assert not onednn._row_packs[w].packed
+
+
+def test_packings_live_as_long_as_their_weight():
+    """Kept by id, so a dead weight's entry must go with it, and a new tensor never
+    finds another's packing."""
+    store = onednn._PerTensor()
+    w = torch.randn(4, 4)
+    store[w] = "packed"
+    assert w in store and store[w] == "packed"
+    other = torch.randn(4, 4)
+    assert other not in store and store.get(other) is None
+    del w
+    assert not store._entries
+    with pytest.raises(KeyError):
+        store[other]
