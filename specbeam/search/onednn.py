@@ -37,8 +37,8 @@ from torch.nn.functional import linear as _torch_linear
 
 class _PerTensor:
     """Values kept while their tensor lives, found by `id`. torch's WeakIdKeyDictionary
-    builds a weak reference on every lookup: 24 µs of wrapping around a 16 µs few-row
-    product, about 0.9 ms of a plain beam-5 step."""
+    builds a weak reference on every lookup: 2.4 against 0.24 µs here, and a decoder call
+    makes one or two lookups per product."""
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, Any]] = {}
