@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 # libsndfile1: fairseq2n refuses to import without it.
 # sword-text-*: the Bible modules the embedded task is built from (and its tests read).
-DEBIAN_PACKAGES=(libsndfile1 sword-text-sparv sword-text-kjv)
+# g++: builds the lean decoders' native layers (specbeam/search/native.py).
+DEBIAN_PACKAGES=(libsndfile1 sword-text-sparv sword-text-kjv g++)
 
 missing=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do
@@ -33,3 +34,8 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     .venv/bin/pip install -q -e '.[test]'
     echo "$want" >"$stamp"
 fi
+
+# The native lean layers, built once (about a minute) so that no app waits for them; where
+# they cannot be built, the apps run those layers in Python.
+.venv/bin/python -m specbeam.build_native \
+    || echo "warning: the native lean layers were not built; decoding runs them in Python" >&2

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from specbeam.apps.paths import REPO_ROOT
-from specbeam.search import onednn
+from specbeam.search import native, onednn
 from specbeam.search.memory import MB
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 
@@ -43,6 +43,10 @@ class HardwareConfig:
     """fp32 products of fewer rows run on PyTorch's default (MKL) instead. Unset: 8 on
     Intel CPUs, whose MKL small-GEMM kernels win below that, 1 elsewhere
     (`onednn.default_min_rows`)."""
+    native: bool = True
+    """The lean decoders' layer loop compiled (`specbeam.search.native`, built once by
+    scripts/setup.sh): the same ops without the interpreter, same numbers; false: in
+    Python."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""
     memory_budget_mb: float = 0
@@ -82,6 +86,7 @@ class HardwareConfig:
         torch.set_num_threads(self.threads)
         onednn.enable(self.onednn)
         onednn.set_min_rows(self.onednn_min_rows or onednn.default_min_rows())
+        native.enable(self.native)
 
     @property
     def draft_torch_dtype(self) -> torch.dtype:

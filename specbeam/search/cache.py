@@ -25,6 +25,8 @@ from fairseq2.models.transformer import AttentionState
 from torch import Tensor
 from typing_extensions import override
 
+from specbeam.search import native
+
 
 @final
 class SpareBuffers:
@@ -208,7 +210,12 @@ class SpeculativeKVCache:
             + position[None, :, None] * k
             + origin[:, None, :]
         ).flatten()  # (S·W·k): the row each prefix entry is read from
-        for part, prefix in zip(rows, self._parts()[:, :, :width], strict=True):
+        prefixes = self._parts()[:, :, :width]
+        ext = native.module()
+        if ext is not None:  # the same loop without the interpreter
+            ext.reorder_prefixes(rows, prefixes, index)
+            return
+        for part, prefix in zip(rows, prefixes, strict=True):
             prefix.copy_(part.index_select(0, index).view(prefix.shape))
 
     def select_sources(self, keep: Tensor) -> None:
@@ -249,6 +256,13 @@ class SpeculativeSelfAttentionState(AttentionState):
         flat = cache.flat()
         flat[self._layer, 0, :, start : start + self._new] = k
         flat[self._layer, 1, :, start : start + self._new] = v
+
+    def buffers(self) -> tuple[Tensor, Tensor, int]:
+        """This layer's keys and values (S, keys, H, D) and where a call's new slots go:
+        what `append` and `get` use, for the native layers (`specbeam.search.native`)."""
+        cache = self._cache
+        flat = cache.flat()
+        return flat[self._layer, 0], flat[self._layer, 1], cache.prefix_keys() + cache.spec_len
 
     @override
     def get(self) -> tuple[Tensor, Tensor]:

@@ -28,6 +28,7 @@ from fairseq2.nn import Linear, StandardLayerNorm
 from torch import Tensor
 from torch.nn.functional import layer_norm, scaled_dot_product_attention
 
+from specbeam.search import native
 from specbeam.search.onednn import linear, linears
 
 
@@ -200,6 +201,9 @@ class LeanDecoder:
         self.decoder = decoder
         self.self_states = self_states
         self.cross_states = cross_states
+        self.native: native.NativeLayers | None = None
+        if native.NativeLayers.problem(decoder, self_states, cross_states) is None:
+            self.native = native.NativeLayers(decoder, self_states, cross_states)  # type: ignore[arg-type]
 
     def __call__(
         self,
@@ -213,6 +217,13 @@ class LeanDecoder:
         (S, 1, 1, source length) masks source padding, None without padding. Returns the
         final states and the outputs of layers `taps` (a draft head's features); with
         `packing`, as its (N, ·) rows."""
+        ext = native.module() if self.native is not None else None
+        if ext is not None:
+            assert self.native is not None
+            index = None if packing is None else packing.index
+            out = self.native(ext, x, self_bias, cross_bias, taps, index)
+            if out is not None:
+                return out
         layers, tapped = self.decoder.layers, []
         x = _packed(x, packing)
         states = zip(layers, self.self_states, self.cross_states, strict=True)

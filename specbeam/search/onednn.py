@@ -23,6 +23,7 @@ side by side (Xeon, 53 test verses, identical output).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections import Counter
@@ -108,8 +109,8 @@ def set_min_rows(rows: int) -> None:
     _min_rows = rows
 
 
-def _few_rows(x: Tensor) -> bool:
-    return x.dtype == torch.float32 and x.numel() < _min_rows * x.size(-1)
+def _few_rows(rows: int, dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and rows < _min_rows
 
 
 def active() -> bool:
@@ -164,12 +165,40 @@ class _RowPacks:
     uses: Counter[int] = field(default_factory=Counter)
 
 
-def _mkl_few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+TORCH, MKL, ONEDNN = 0, 1, 2
+"""How a `Product` runs: `torch.nn.functional.linear`, MKL's packed GEMM, oneDNN's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """One product x @ weight.T + bias, resolved for a call's row count and dtype: which
+    kernel runs it, on which packed copy. The native layers (`specbeam.search.native`)
+    run the same resolution, so both paths compute the same numbers."""
+
+    kind: int
+    weight: Tensor
+    bias: Tensor | None
+    packed: Tensor | None = None
+    sizes: tuple[int, ...] = ()  # a stacked group's output widths (`linears`)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.kind == MKL:
+            rows = x.numel() // x.size(-1)
+            out = torch.ops.mkl._mkl_linear(
+                x.reshape(rows, x.size(-1)), self.packed, self.weight, self.bias, rows
+            )
+            return out.view(*x.shape[:-1], self.weight.size(0))
+        if self.kind == ONEDNN:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return _torch_linear(x, self.weight, self.bias)
+
+
+def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
     """MKL's sgemm over few rows; on a copy of `weight` packed for this row count once
     the count has recurred."""
-    rows = x.numel() // x.size(-1)
+    plain = Product(TORCH, weight, bias)
     if not _MKL or weight.device.type != "cpu" or rows < MIN_PACKED_ROWS:
-        return _torch_linear(x, weight, bias)
+        return plain
     key, entry = _key(weight), _row_packs.get(weight)
     if entry is None or entry.key != key:
         entry = _row_packs[weight] = _RowPacks(key)
@@ -177,38 +206,44 @@ def _mkl_few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if copy is None:
         entry.uses[rows] += 1
         if entry.uses[rows] < PACK_AFTER or len(entry.packed) >= MAX_ROW_COUNTS:
-            return _torch_linear(x, weight, bias)
+            return plain
         with torch.inference_mode():
             copy = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
         entry.packed[rows] = copy
-    out = torch.ops.mkl._mkl_linear(x.reshape(rows, x.size(-1)), copy, weight, bias, rows)
-    return out.view(*x.shape[:-1], weight.size(0))
+    return Product(MKL, weight, bias, copy)
+
+
+def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
+    return not _enabled or torch.is_grad_enabled() or any(dtype != w.dtype for w in weights)
+
+
+def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:
+    """How `linear` runs `weight` on `rows` rows of `dtype`."""
+    if _bypassed(dtype, (weight,)):
+        return Product(TORCH, weight, bias)
+    if _few_rows(rows, dtype):
+        return _mkl_few_rows(rows, weight, bias)
+    w = packed(weight)
+    return Product(TORCH, weight, bias) if w is None else Product(ONEDNN, weight, bias, w)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x (..., in) -> (..., out), as `torch.nn.functional.linear`."""
-    if not _enabled or torch.is_grad_enabled() or x.dtype != weight.dtype:
-        return _torch_linear(x, weight, bias)
-    if _few_rows(x):
-        return _mkl_few_rows(x, weight, bias)
-    w = packed(weight)
-    if w is None:
-        return _torch_linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    return resolve(x.numel() // x.size(-1), x.dtype, weight, bias)(x)
 
 
-def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> list[Tensor]:
-    """`linear(x, w, b)` for each (w, b) pair, as one call over the weights stacked and
-    packed once: a decoder call at a few rows is bound by streaming weights, and one
-    (3M, M) product streams q, k and v faster than three (M, M) ones (AMD EPYC Zen 3,
-    5 rows: 281 vs 408 µs)."""
-    if not _enabled or torch.is_grad_enabled() or any(x.dtype != w.dtype for w in weights):
-        return [_torch_linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+def resolve_group(
+    rows: int, dtype: torch.dtype, weights: Sequence[Tensor], biases: Sequence[Tensor | None]
+) -> Product | None:
+    """One product over `weights` stacked (their outputs side by side, widths `sizes`);
+    None where they are not stacked (`linears` then runs them one by one)."""
+    if _bypassed(dtype, weights):
+        return None
     key = tuple(_key(t) for t in (*weights, *(b for b in biases if b is not None)))
     entry = _fused.get(weights[0])
     if entry is None or entry[0] != key:
         if not all(_runs(w) for w in weights):
-            return [_torch_linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+            return None
         with torch.inference_mode():
             stacked = torch.cat([w.detach() for w in weights])
             bias = None
@@ -218,11 +253,20 @@ def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None
                     for w, b in zip(weights, biases, strict=True)
                 ])  # fmt: skip
             copy = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
-        entry = (key, copy, stacked, bias, [w.size(0) for w in weights])
+        entry = (key, copy, stacked, bias, tuple(w.size(0) for w in weights))
         _fused[weights[0]] = entry
     _, copy, stacked, bias, sizes = entry
-    if _few_rows(x):
-        out = _mkl_few_rows(x, stacked, bias)
-    else:
-        out = torch.ops.mkldnn._linear_pointwise(x, copy, bias, "none", [], "")
-    return list(out.split(sizes, dim=-1))
+    if _few_rows(rows, dtype):
+        return dataclasses.replace(_mkl_few_rows(rows, stacked, bias), sizes=sizes)
+    return Product(ONEDNN, stacked, bias, copy, sizes)
+
+
+def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> list[Tensor]:
+    """`linear(x, w, b)` for each (w, b) pair, as one call over the weights stacked and
+    packed once: a decoder call at a few rows is bound by streaming weights, and one
+    (3M, M) product streams q, k and v faster than three (M, M) ones (AMD EPYC Zen 3,
+    5 rows: 281 vs 408 µs)."""
+    group = resolve_group(x.numel() // x.size(-1), x.dtype, weights, biases)
+    if group is None:
+        return [_torch_linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+    return list(group(x).split(group.sizes, dim=-1))

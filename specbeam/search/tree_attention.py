@@ -34,6 +34,7 @@ from fairseq2.nn import (
 from torch import Tensor
 from typing_extensions import override
 
+from specbeam.search import native
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
 from specbeam.search.lean_decoder import (
@@ -48,6 +49,24 @@ from specbeam.search.onednn import linear
 from specbeam.search.peak_cache import observe
 
 log = logging.getLogger(__name__)
+
+
+def tree_bias(
+    lens: Tensor, width: int, k: int, hyp: Tensor, visible: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """Additive self-attention mask (S, 1, T, width·k + slots): slot t of source s sees the
+    cached prefix of its hypothesis hyp[s, t] (positions < lens[s], hypotheses interleaved
+    position-major as in the cache) and the slots `visible` (S, T, slots) says. Compiled
+    where `native` is built (the same ops)."""
+    ext = native.module()
+    if ext is not None:
+        return ext.tree_bias(lens, width, k, hyp, visible, dtype)
+    cached = torch.arange(width, device=hyp.device)[None, :] < lens[:, None]  # (S, W)
+    own = hyp[:, :, None] == torch.arange(k, device=hyp.device)  # (S, T, k)
+    prefix = cached[:, None, :, None] & own[:, :, None, :]  # (S, T, W, k)
+    mask = torch.cat([prefix.flatten(2), visible], dim=2)
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~mask, -torch.inf)[:, None]
 
 
 def embed_at(frontend: TransformerEmbeddingFrontend, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -298,13 +317,7 @@ class TreeDecoder:
             raise ValueError("a draft head needs its parents' states; other decoders take none")
         cache = self.cache
         cache.reserve(tokens.size(1))
-        width, k = cache.width, cache.k
-        cached = torch.arange(width, device=tokens.device)[None, :] < cache.lens[:, None]  # (S, W)
-        own = hyp[:, :, None] == torch.arange(k, device=tokens.device)  # (S, T, k)
-        prefix = cached[:, None, :, None] & own[:, :, None, :]  # (S, T, W, k)
-        mask = torch.cat([prefix.flatten(2), visible], dim=2)
-        bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
-        self.bias.tensor = bias.masked_fill_(~mask, -torch.inf)[:, None]
+        self.bias.tensor = tree_bias(cache.lens, cache.width, cache.k, hyp, visible, self.dtype)
         x = self.embed(tokens, positions)
         if self.head is not None:
             assert features is not None

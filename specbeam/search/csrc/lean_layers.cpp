@@ -1,0 +1,159 @@
+// The lean decoder's layer loop (specbeam/search/lean_decoder.py) in C++: the same ATen
+// ops on the same tensors, in the same order, so the same numbers. Called once per
+// decoder call instead of ~30 Python-dispatched ops per layer: on a 2-core CPU a call
+// streams the weights through the caches, and every small op after a product then pays
+// for an evicted interpreter (specbeam/search/native.py has the measurements).
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+using torch::Tensor;
+using MaybeTensor = std::optional<Tensor>;
+
+namespace {
+
+// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN.
+constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2;
+
+Tensor boxed(const c10::OperatorHandle& op, torch::jit::Stack stack) {
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// onednn.Product.__call__: x (..., in) -> (..., out).
+Tensor product(const Tensor& x, int64_t kind, const Tensor& w, const MaybeTensor& b,
+               const MaybeTensor& packed) {
+  if (kind == kMkl) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "");
+    const int64_t rows = x.numel() / x.size(-1);
+    Tensor out = boxed(op, {x.reshape({rows, x.size(-1)}), *packed, w, b, rows});
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = w.size(0);
+    return out.view(shape);
+  }
+  if (kind == kOnednn) {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+    return boxed(op, {x, *packed, b, std::string("none"),
+                      c10::List<std::optional<c10::Scalar>>(), std::string("")});
+  }
+  return at::linear(x, w, b);
+}
+
+struct Packing {
+  MaybeTensor index;  // (N,) flat indices of the valid slots into S·T
+  int64_t s, t;
+
+  Tensor pack(const Tensor& x) const {
+    return index ? x.flatten(0, 1).index_select(0, *index) : x;
+  }
+  Tensor unpack(const Tensor& x) const {
+    if (!index) return x;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape[0] = s * t;
+    return x.new_zeros(shape).index_copy_(0, *index, x).unflatten(0, {s, t});
+  }
+};
+
+// lean_decoder._attend: q (S, T, H, D), k and v (S, K, H, D) -> (S, T, H·D).
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const MaybeTensor& bias) {
+  Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                v.transpose(1, 2), bias);
+  return out.transpose(1, 2).flatten(2);
+}
+
+Tensor norm(const Tensor& x, const MaybeTensor& w, const MaybeTensor& b, double eps) {
+  return at::layer_norm(x, {x.size(-1)}, w, b, eps);
+}
+
+}  // namespace
+
+// Per layer, `tensors` holds kTensorsPerLayer entries: three norms (weight, bias), six
+// products (weight, bias, packed copy: q/k/v stacked, self output, cross q, cross output,
+// inner, output), then the cache's keys and values (S, keys, H, D), and the source's
+// cross keys and values (S, K, H, D). `ints` holds, per layer, the six products' kinds,
+// the q/k/v widths and the head dim; `eps` the three norms' epsilons. Then the final
+// norm (weight, bias; eps last). Returns the final states, then the outputs of `taps`.
+constexpr size_t kTensorsPerLayer = 6 + 18 + 4;
+constexpr size_t kIntsPerLayer = 6 + 3 + 1;
+
+std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
+                           const std::vector<int64_t>& ints, const std::vector<double>& eps,
+                           int64_t num_layers, int64_t start, const Tensor& self_bias,
+                           const MaybeTensor& cross_bias, const MaybeTensor& pack_index,
+                           const std::vector<int64_t>& taps) {
+  const int64_t s = x.size(0), t = x.size(1);
+  const Packing packing{pack_index, s, t};
+  std::vector<Tensor> out(1);
+  x = packing.pack(x);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const MaybeTensor* p = &tensors[l * kTensorsPerLayer];
+    const int64_t* n = &ints[l * kIntsPerLayer];
+    const double* e = &eps[l * 3];
+    const MaybeTensor* w = p + 6;  // products: w[3 * i], w[3 * i + 1], w[3 * i + 2]
+    auto run = [&](int i, const Tensor& in) {
+      return product(in, n[i], *w[3 * i], w[3 * i + 1], w[3 * i + 2]);
+    };
+    const int64_t head_dim = n[9];
+    const Tensor &keys = *p[24], &values = *p[25], &cross_k = *p[26], &cross_v = *p[27];
+
+    Tensor h = norm(x, p[0], p[1], e[0]);
+    auto qkv = run(0, h).split_with_sizes({n[6], n[7], n[8]}, -1);
+    Tensor q = packing.unpack(qkv[0]).unflatten(-1, {-1, head_dim});
+    Tensor k = packing.unpack(qkv[1]).unflatten(-1, {-1, head_dim});
+    Tensor v = packing.unpack(qkv[2]).unflatten(-1, {-1, head_dim});
+    keys.narrow(1, start, t).copy_(k);
+    values.narrow(1, start, t).copy_(v);
+    Tensor a = packing.pack(attend(q, keys.narrow(1, 0, start + t),
+                                   values.narrow(1, 0, start + t), self_bias));
+    x = x + run(1, a);
+    h = norm(x, p[2], p[3], e[1]);
+    q = packing.unpack(run(2, h)).unflatten(-1, {-1, head_dim});
+    a = packing.pack(attend(q, cross_k, cross_v, cross_bias));
+    x = x + run(3, a);
+    h = norm(x, p[4], p[5], e[2]);
+    x = x + run(5, at::relu(run(4, h)));
+    for (int64_t tap : taps) {
+      if (tap == l) out.push_back(x);
+    }
+  }
+  const MaybeTensor* f = &tensors[num_layers * kTensorsPerLayer];
+  out[0] = norm(x, f[0], f[1], eps[num_layers * 3]);
+  return out;
+}
+
+// TreeDecoder.forward's self-attention mask: query slot t of source s sees the cached
+// prefix of its own hypothesis hyp[s, t] (positions < lens[s]) and the slots `visible`
+// says it sees. Additive, (S, 1, T, width·k + slots).
+Tensor tree_bias(const Tensor& lens, int64_t width, int64_t k, const Tensor& hyp,
+                 const Tensor& visible, c10::ScalarType dtype) {
+  Tensor cached = at::arange(width, lens.options()).unsqueeze(0) < lens.unsqueeze(1);
+  Tensor own = hyp.unsqueeze(2) == at::arange(k, hyp.options());
+  Tensor prefix = cached.unsqueeze(1).unsqueeze(3) & own.unsqueeze(2);
+  Tensor mask = at::cat({prefix.flatten(2), visible}, 2);
+  Tensor bias = at::zeros(mask.sizes(), mask.options().dtype(dtype));
+  return bias.masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity())
+      .unsqueeze(1);
+}
+
+// SpeculativeKVCache._reorder_prefixes: part by part (one layer's keys or values), the
+// prefix rows `index` of `rows` (parts, N, H·D) into `prefixes` (parts, ...).
+void reorder_prefixes(const Tensor& rows, const Tensor& prefixes, const Tensor& index) {
+  for (int64_t i = 0; i < rows.size(0); ++i) {
+    Tensor prefix = prefixes[i];
+    prefix.copy_(rows[i].index_select(0, index).view(prefix.sizes()));
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("reorder_prefixes", &reorder_prefixes, "a cache's prefixes gathered part by part");
+  m.def("decode", &decode, "a pre-LN decoder's layers over one call's slots");
+  m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
+  m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;
+  m.attr("INTS_PER_LAYER") = kIntsPerLayer;
+}

@@ -1,0 +1,219 @@
+"""The lean decoder's layer loop compiled (`csrc/lean_layers.cpp`), where a C++ compiler
+is at hand.
+
+Each small op of a decoder call (norms, views, residual adds, attention's transposes,
+cache writes: ~30 per layer) costs several times its back-to-back time in Python,
+because every product before it streamed weights through the CPU's caches and evicted the
+interpreter's working set. The same ATen ops called from C++ skip the interpreter: on the
+2-core Xeon of docs/bench.md (session 17), six target layers at 5 rows took 14.6 against
+21.4 ms per beam-search step side by side, with bit-identical logits.
+
+The extension is built by torch's `cpp_extension` on first use (about a minute, in
+`~/.cache/specbeam/native/<hash of source, torch and Python>` or `$SPECBEAM_NATIVE_DIR`);
+`scripts/setup.sh` builds it (`python -m specbeam.build_native`). Where it cannot be
+built the decoder runs its layers in Python, and the log says why. `hardware.native=false`
+switches it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, final
+
+import torch
+from fairseq2.models.transformer import StandardTransformerDecoderLayer, TransformerDecoder
+from fairseq2.nn import StandardLayerNorm
+from torch import Tensor
+
+from specbeam.search import onednn
+
+if TYPE_CHECKING:  # the cache calls this module
+    from specbeam.search.cache import CrossAttentionState, SpeculativeSelfAttentionState
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "lean_layers.cpp"
+_enabled = True
+
+
+def enable(on: bool) -> None:
+    """Switches the compiled layers on or off for the whole process (`hardware.native`)."""
+    global _enabled
+    _enabled = on
+
+
+NAME = "specbeam_lean_layers"
+
+
+def build_dir() -> Path:
+    """Where the extension is built: one directory per source, torch and Python version,
+    so that a cached build is never stale."""
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()
+    ).hexdigest()[:16]
+    root = os.environ.get("SPECBEAM_NATIVE_DIR") or Path.home() / ".cache" / "specbeam" / "native"
+    return Path(root) / key
+
+
+@functools.cache
+def build() -> ModuleType | None:
+    """The compiled extension, built if it is not yet; None where it cannot be. A built
+    one is imported directly (torch's `load` checks the build again: 1.3 s a process)."""
+    where = build_dir()
+    built = where / f"{NAME}.so"
+    try:
+        if not built.exists():
+            from torch.utils.cpp_extension import load
+
+            where.mkdir(parents=True, exist_ok=True)
+            log.info("building the native lean layers once (about a minute) in %s", where)
+            return load(NAME, [str(SOURCE)], extra_cflags=["-O2"], build_directory=str(where))
+        loader = importlib.machinery.ExtensionFileLoader(NAME, str(built))
+        spec = importlib.util.spec_from_file_location(NAME, built, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+    except Exception as error:  # no compiler, no headers, a failed build: all the same here
+        text = str(error).strip()
+        log.warning(
+            "the lean decoder's native layers could not be built, so they run in Python: %s",
+            text.splitlines()[-1] if text else type(error).__name__,
+        )
+        return None
+
+
+def module() -> ModuleType | None:
+    return build() if _enabled else None
+
+
+def _norm(norm: StandardLayerNorm) -> list[Tensor | None]:
+    return [norm.weight, norm.bias]
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One layer's fixed arguments: norms, epsilons, products' weights and biases."""
+
+    norms: list[Tensor | None]
+    eps: list[float]
+    qkv: tuple[list[Tensor], list[Tensor | None]]
+    others: list[tuple[Tensor, Tensor | None]]  # self output, cross q, cross output, ffn
+    head_dim: int
+
+    @staticmethod
+    def of(layer: StandardTransformerDecoderLayer) -> _Layer:
+        attn, cross, ffn = layer.self_attn, layer.encoder_decoder_attn, layer.ffn
+        norms = (layer.self_attn_layer_norm, layer.encoder_decoder_attn_layer_norm, layer.ffn_layer_norm)  # fmt: skip
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        return _Layer(
+            norms=[t for n in norms for t in _norm(n)],
+            eps=[float(n.eps) for n in norms],
+            qkv=([p.weight for p in projs], [p.bias for p in projs]),
+            others=[
+                (p.weight, p.bias)
+                for p in (
+                    attn.output_proj,
+                    cross.q_proj,
+                    cross.output_proj,
+                    ffn.inner_proj,
+                    ffn.output_proj,
+                )
+            ],  # fmt: skip
+            head_dim=attn.head_dim,
+        )
+
+
+@final
+class NativeLayers:
+    """A lean decoder's layers as one call into the extension. Each call resolves its
+    products as `onednn.linear` would for its row count, so both paths run the same
+    kernels on the same packed copies."""
+
+    def __init__(
+        self,
+        decoder: TransformerDecoder,
+        self_states: Sequence[SpeculativeSelfAttentionState],
+        cross_states: Sequence[CrossAttentionState],
+    ) -> None:
+        self.layers = [_Layer.of(layer) for layer in decoder.layers]
+        self.self_states = self_states
+        self.cross_states = cross_states
+        final = decoder.layer_norm
+        assert isinstance(final, StandardLayerNorm)
+        self.final = _norm(final)
+        self.final_eps = float(final.eps)
+
+    @staticmethod
+    def problem(
+        decoder: TransformerDecoder, self_states: Sequence[object], cross_states: Sequence[object]
+    ) -> str | None:
+        """Why these layers cannot run natively (None: they can), beside `lean_problem`."""
+        from specbeam.search.cache import CrossAttentionState, SpeculativeSelfAttentionState
+
+        for layer in decoder.layers:
+            if type(layer.ffn.inner_activation) is not torch.nn.ReLU:
+                return f"feed-forward activation {type(layer.ffn.inner_activation).__name__}"
+        if not all(isinstance(s, SpeculativeSelfAttentionState) for s in self_states):
+            return "self-attention states other than the speculative cache's"
+        if not all(isinstance(s, CrossAttentionState) for s in cross_states):
+            return "cross-attention states other than CrossAttentionState"
+        return None
+
+    def __call__(
+        self,
+        ext: ModuleType,
+        x: Tensor,
+        self_bias: Tensor,
+        cross_bias: Tensor | None,
+        taps: Sequence[int],
+        pack_index: Tensor | None,
+    ) -> tuple[Tensor, list[Tensor]] | None:
+        """As `LeanDecoder.__call__`; None where a q/k/v group is not stacked (the Python
+        path then runs it as separate products)."""
+        rows = x.size(0) * x.size(1) if pack_index is None else pack_index.numel()
+        tensors: list[Tensor | None] = []
+        ints: list[int] = []
+        eps: list[float] = []
+        start = -1
+        for layer, own, cross in zip(self.layers, self.self_states, self.cross_states, strict=True):
+            qkv = onednn.resolve_group(rows, x.dtype, *layer.qkv)
+            if qkv is None:
+                return None
+            products = [qkv, *(onednn.resolve(rows, x.dtype, w, b) for w, b in layer.others)]
+            keys, values, start = own.buffers()
+            tensors += layer.norms
+            for p in products:
+                tensors += (p.weight, p.bias, p.packed)
+            tensors += (keys, values, *cross.get())
+            ints += [p.kind for p in products]
+            ints += [*qkv.sizes, layer.head_dim]
+            eps += layer.eps
+        tensors += self.final
+        eps.append(self.final_eps)
+        out, *tapped = ext.decode(
+            x, tensors, ints, eps, len(self.layers), start, self_bias, cross_bias, pack_index,
+            list(taps),
+        )  # fmt: skip
+        return out, tapped
+
+
+def main() -> None:
+    """`python -m specbeam.build_native` (scripts/setup.sh): builds the extension once, so
+    that no app waits for it."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    began = time.perf_counter()
+    if build() is None:
+        raise SystemExit(1)
+    print(f"native lean layers: ready in {time.perf_counter() - began:.1f} s")

@@ -1,0 +1,120 @@
+"""The compiled layer loop computes bit for bit what the lean decoder's Python loop does
+(same ATen ops, same kernels, same packed copies), packed or not, with taps, on targets
+and draft heads; where it cannot be built, decoding goes on in Python and says why."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.utils.cpp_extension
+
+from specbeam.apps.data import pad
+from specbeam.search import native, onednn
+from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.lean_decoder import Packing
+from specbeam.search.tree_attention import SlotTable, TreeDecoder, tree_bias
+from tests.conftest import NLLB_PROMPT, sources
+from tests.search.test_tree_attention import random_tree
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    native.enable(True)
+    onednn.set_min_rows(onednn.default_min_rows())
+
+
+def test_the_extension_builds_here() -> None:
+    """CI's machine has a compiler (scripts/setup.sh installs g++): the other tests here
+    would otherwise compare the Python path with itself."""
+    assert native.build() is not None
+
+
+@pytest.mark.parametrize("min_rows", [1, 10_000], ids=["onednn", "mkl"])
+def test_native_layers_match_the_python_loop_bit_for_bit(
+    tiny_target, monkeypatch, min_rows
+) -> None:
+    """Rounds of tree calls on a padded batch, every other one packed, reading taps, and
+    commits: the same masks, states, taps, logits and cache contents whichever loop ran."""
+    onednn.set_min_rows(min_rows)
+    monkeypatch.setattr(onednn, "PACK_AFTER", 1)  # MKL's packed GEMM from the first call
+    gen = torch.Generator().manual_seed(5)
+    k, srcs = 2, sources(seed=23, batch=3)
+    src, layout = pad(srcs, 0)
+    decoders = [
+        TreeDecoder(tiny_target, src, layout, hyps_per_source=k, capacity=64, lean=True, taps=(0,))
+        for _ in range(2)
+    ]
+    assert all(d.lean is not None and d.lean.native is not None for d in decoders)
+    with torch.inference_mode():
+        for round_nr in range(4):
+            table = SlotTable(3, k + 8, torch.device("cpu"))
+            last = torch.randint(4, 48, (3, k, 1), generator=gen)
+            roots = table.add_chains(last, torch.ones(3, dtype=torch.int64), decoders[0].cache.lens)
+            random_tree(table, roots, gen, depth=2, width=4)
+            packing = None
+            if round_nr % 2:
+                table.valid[:, k:] &= torch.rand(3, 8, generator=gen) < 0.5
+                seen = table.visible[:, : table.size, : table.size]
+                valid = table.valid[:, : table.size]
+                valid &= ~(seen & ~valid[:, None, :]).any(-1)
+                packing = Packing.of(valid)
+                assert packing is not None
+            results = []
+            for use_native, dec in zip((False, True), decoders, strict=True):
+                native.enable(use_native)
+                hidden = dec.forward(*table.query(0, table.size), packing=packing)
+                bias = tree_bias(
+                    dec.cache.lens, dec.cache.width, 2, table.hyp, table.visible, torch.float32
+                )
+                results.append((hidden, dec.logits(hidden, packing), dec.features(hidden), bias))
+            for want, got in zip(*results, strict=True):
+                assert torch.equal(want, got), (want - got).abs().max()
+            assert torch.equal(decoders[0].cache.buf, decoders[1].cache.buf)
+            chosen = torch.randint(k, k + 4, (3, k), generator=gen)
+            if packing is not None:
+                chosen = torch.where(valid.gather(1, chosen), chosen, torch.arange(k))
+            keep = table.visible[torch.arange(3)[:, None], chosen, : table.size]
+            origin = torch.randint(0, k, (3, k), generator=gen)
+            for use_native, dec in zip((False, True), decoders, strict=True):
+                native.enable(use_native)  # the prefixes' reorder is compiled too
+                dec.cache.commit(origin, keep)
+
+
+@pytest.mark.parametrize("draft", ["random_head", "fused_head", "tiny_draft"])
+def test_speculative_search_is_the_same_on_either_loop(
+    request, tiny_target, vocab_info, draft
+) -> None:
+    drafter = request.getfixturevalue(draft)
+    srcs = sources(seed=41, batch=3)
+    src, src_layout = pad(srcs, 0)
+    prompts, prompt_layout = pad([NLLB_PROMPT] * len(srcs), 0)
+    outputs = []
+    for use_native in (False, True):
+        native.enable(use_native)
+        generator = SpeculativeBeamSearchSeq2SeqGenerator(
+            tiny_target, drafter, vocab_info, beam_size=3, gamma=2, draft_width=4,
+            max_gen_len=(2.0, 6), lean_draft=True, lean_target=True,
+        )  # fmt: skip
+        outputs.append(generator(src, src_layout, prompts, prompt_layout))
+    for want, got in zip(outputs[0].hypotheses, outputs[1].hypotheses, strict=True):
+        assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want]
+        assert [float(h.score) for h in got] == [float(h.score) for h in want]  # bit for bit
+    assert outputs[0].stats.passes_per_source == outputs[1].stats.passes_per_source
+
+
+def test_switched_off_or_unbuildable_it_runs_in_python(monkeypatch, caplog, tmp_path) -> None:
+    native.enable(False)
+    assert native.module() is None
+    native.enable(True)
+    caplog.set_level(logging.WARNING, logger="specbeam.search.native")
+
+    def no_compiler(*_args, **_kwargs):
+        raise RuntimeError("Error building extension 'specbeam_lean_layers'\nc++: not found")
+
+    monkeypatch.setenv("SPECBEAM_NATIVE_DIR", str(tmp_path))  # nothing built there
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    assert native.build.__wrapped__() is None
+    assert "run in Python: c++: not found" in caplog.text
