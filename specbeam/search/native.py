@@ -135,6 +135,15 @@ class _Layer:
         )
 
 
+@dataclass(frozen=True)
+class _Resolved:
+    """A call's fixed arguments for one row count: per layer its norms and products
+    (weight, bias, packed copy), and the products' kinds and widths."""
+
+    tensors: list[list[Tensor | None]]
+    ints: list[int]
+
+
 @final
 class NativeLayers:
     """A lean decoder's layers as one call into the extension. Each call resolves its
@@ -153,7 +162,8 @@ class NativeLayers:
         final = decoder.layer_norm
         assert isinstance(final, StandardLayerNorm)
         self.final = _norm(final)
-        self.final_eps = float(final.eps)
+        self.eps = [e for layer in self.layers for e in layer.eps] + [float(final.eps)]
+        self._resolved: dict[tuple, _Resolved] = {}
 
     @staticmethod
     def problem(
@@ -171,6 +181,34 @@ class NativeLayers:
             return "cross-attention states other than CrossAttentionState"
         return None
 
+    def _resolve(self, rows: int, dtype: torch.dtype) -> _Resolved | None:
+        """The layers' products for `rows` rows, as `onednn.linear` would run them; kept
+        for the generation call (its weights do not change) once no product waits to be
+        packed. None where a q/k/v group is not stacked."""
+        key = (rows, dtype, *onednn.settings())
+        resolved = self._resolved.get(key)
+        if resolved is not None:
+            return resolved
+        per_layer: list[list[Tensor | None]] = []
+        ints: list[int] = []
+        settled = True
+        for layer in self.layers:
+            qkv = onednn.resolve_group(rows, dtype, *layer.qkv)
+            if qkv is None:
+                return None
+            products = [qkv, *(onednn.resolve(rows, dtype, w, b) for w, b in layer.others)]
+            tensors = list(layer.norms)
+            for p in products:
+                tensors += (p.weight, p.bias, p.packed)
+                settled &= p.settled
+            per_layer.append(tensors)
+            ints += [p.kind for p in products]
+            ints += [*qkv.sizes, layer.head_dim]
+        resolved = _Resolved(per_layer, ints)
+        if settled:
+            self._resolved[key] = resolved
+        return resolved
+
     def __call__(
         self,
         ext: ModuleType,
@@ -183,28 +221,19 @@ class NativeLayers:
         """As `LeanDecoder.__call__`; None where a q/k/v group is not stacked (the Python
         path then runs it as separate products)."""
         rows = x.size(0) * x.size(1) if pack_index is None else pack_index.numel()
+        resolved = self._resolve(rows, x.dtype)
+        if resolved is None:
+            return None
         tensors: list[Tensor | None] = []
-        ints: list[int] = []
-        eps: list[float] = []
         start = -1
-        for layer, own, cross in zip(self.layers, self.self_states, self.cross_states, strict=True):
-            qkv = onednn.resolve_group(rows, x.dtype, *layer.qkv)
-            if qkv is None:
-                return None
-            products = [qkv, *(onednn.resolve(rows, x.dtype, w, b) for w, b in layer.others)]
+        for fixed, own, cross in zip(resolved.tensors, self.self_states, self.cross_states, strict=True):  # fmt: skip
             keys, values, start = own.buffers()
-            tensors += layer.norms
-            for p in products:
-                tensors += (p.weight, p.bias, p.packed)
+            tensors += fixed
             tensors += (keys, values, *cross.get())
-            ints += [p.kind for p in products]
-            ints += [*qkv.sizes, layer.head_dim]
-            eps += layer.eps
         tensors += self.final
-        eps.append(self.final_eps)
         out, *tapped = ext.decode(
-            x, tensors, ints, eps, len(self.layers), start, self_bias, cross_bias, pack_index,
-            list(taps),
+            x, tensors, resolved.ints, self.eps, len(self.layers), start, self_bias, cross_bias,
+            pack_index, list(taps),
         )  # fmt: skip
         return out, tapped
 

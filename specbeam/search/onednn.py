@@ -180,6 +180,7 @@ class Product:
     bias: Tensor | None
     packed: Tensor | None = None
     sizes: tuple[int, ...] = ()  # a stacked group's output widths (`linears`)
+    settled: bool = True  # False: MKL may pack this weight for this row count later
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.kind == MKL:
@@ -205,8 +206,10 @@ def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
     copy = entry.packed.get(rows)
     if copy is None:
         entry.uses[rows] += 1
-        if entry.uses[rows] < PACK_AFTER or len(entry.packed) >= MAX_ROW_COUNTS:
+        if len(entry.packed) >= MAX_ROW_COUNTS:
             return plain
+        if entry.uses[rows] < PACK_AFTER:
+            return dataclasses.replace(plain, settled=False)
         with torch.inference_mode():
             copy = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
         entry.packed[rows] = copy
@@ -215,6 +218,11 @@ def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
 
 def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
     return not _enabled or torch.is_grad_enabled() or any(dtype != w.dtype for w in weights)
+
+
+def settings() -> tuple[bool, int, bool]:
+    """What a resolution depends on beside its tensors and row count."""
+    return _enabled, _min_rows, torch.is_grad_enabled()
 
 
 def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:

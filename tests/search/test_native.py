@@ -83,6 +83,27 @@ def test_native_layers_match_the_python_loop_bit_for_bit(
                 dec.cache.commit(origin, keep)
 
 
+def test_a_kept_resolution_follows_the_packing_of_recurring_rows(tiny_target, monkeypatch) -> None:
+    """A call's products are resolved once per row count and kept, but not while MKL still
+    counts uses before packing a weight: the kept products are the packed ones."""
+    onednn.set_min_rows(10_000)  # every fp32 product on MKL
+    monkeypatch.setattr(onednn, "PACK_AFTER", 3)
+    monkeypatch.setattr(onednn, "_row_packs", onednn._PerTensor())  # none packed yet
+    src, layout = pad(sources(seed=7, batch=2), 0)
+    dec = TreeDecoder(tiny_target, src, layout, hyps_per_source=2, capacity=32, lean=True)
+    assert dec.lean is not None and dec.lean.native is not None
+    layers = dec.lean.native
+    rows = 2 * 4
+    kinds = []
+    with torch.inference_mode():
+        for _ in range(onednn.PACK_AFTER + 1):
+            resolved = layers._resolve(rows, torch.float32)
+            assert resolved is not None
+            kinds.append(set(resolved.ints[:6]))
+        assert layers._resolve(rows, torch.float32) is resolved  # kept from then on
+    assert kinds[0] == {onednn.TORCH} and kinds[-1] == {onednn.MKL}
+
+
 @pytest.mark.parametrize("draft", ["random_head", "fused_head", "tiny_draft"])
 def test_speculative_search_is_the_same_on_either_loop(
     request, tiny_target, vocab_info, draft
