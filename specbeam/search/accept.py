@@ -89,6 +89,59 @@ class BeamAcceptor:
             and not self.rules.step_processors
         ):
             return _accept_chain(self.rules, self.finish, state, verification, tree, output)
+        if tree.depth == 0 and verification.logits.size(1) == state.n and not self.rules.step_processors:  # fmt: skip
+            return self._accept_roots(state, verification, output)
+        return self._accept_tree(state, verification, tree, output)
+
+    def _accept_roots(
+        self, state: BeamState, verification: Verification, output: list[list[Hypothesis]]
+    ) -> Acceptance:
+        """Plain beam search (no tree, one slot per hypothesis: its root): fairseq2's
+        step once, as the replay's first step computes it, without the replay."""
+        k, n = self.k, state.n
+        lprobs = _scored(self.rules, verification)  # (S, n, V): slot i is hypothesis i
+        num_sources, _, vocab = lprobs.shape
+        cand = (state.scores[..., None] + lprobs).flatten(1)
+        top, index = (t.numpy() for t in cand.topk(min(2 * k, cand.size(1))))
+        is_eos = index % vocab == self.rules.eos_idx
+        keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]
+        done = np.zeros(num_sources, dtype=bool)
+        finishing = is_eos[:, :k]
+        if finishing.any():
+            seqs, step_scores = state.seqs[:, :n], state.step_scores[:, :n]
+            self._finish(finishing, index // vocab, top, seqs, step_scores, state.step_nr, state.source_ids, output, done)  # fmt: skip
+        sources = np.arange(num_sources)[:, None]
+        index, top = index[sources, keep], top[sources, keep]
+        parent, token = torch.from_numpy(index // vocab), torch.from_numpy(index % vocab)
+        length = state.seqs.size(-1)
+        rows = parent[..., None].expand(-1, -1, length)
+        state.seqs, state.step_scores = (
+            state.seqs.gather(1, rows),
+            state.step_scores.gather(1, rows),
+        )
+        at = state.step_nr.clamp(max=length - 1)[:, None, None].expand(-1, k, 1)
+        state.seqs.scatter_(2, at, token[..., None])
+        state.scores = torch.from_numpy(top)
+        state.step_scores.scatter_(2, at, state.scores[..., None])
+        state.step_nr = state.step_nr + 1
+        state.n = k
+        ones = torch.ones(num_sources, dtype=torch.int64)
+        return Acceptance(
+            origin=parent,
+            node=torch.full_like(parent, -1),
+            roots=token,
+            steps=ones,
+            accepted=torch.zeros_like(ones),
+            done=torch.from_numpy(done),
+        )
+
+    def _accept_tree(
+        self,
+        state: BeamState,
+        verification: Verification,
+        tree: DraftTree,
+        output: list[list[Hypothesis]],
+    ) -> Acceptance:
         k, width, n = self.k, tree.width, state.n
         num_sources, num_slots, vocab = verification.logits.shape
         every_slot = None if self.rules.step_processors else _scored(self.rules, verification)

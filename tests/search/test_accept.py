@@ -177,3 +177,60 @@ def test_beam_one_over_a_chain_ranks_every_step_as_the_step_loop_does(seed: int)
             assert [float(h.score) for h in got] == [float(h.score) for h in want]
             for g, w in zip(got, want, strict=True):
                 assert torch.equal(g.step_scores, w.step_scores)
+
+
+def _roots_case(seed: int) -> tuple:
+    """Plain beam 3 (no tree): one slot per live hypothesis, EOS often in the top k,
+    sources near the length limits, sometimes at the first step (one hypothesis)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_sources, k, vocab, max_seq_len = 4, 3, 7, 12
+    n = 1 if seed % 4 == 0 else k
+    state = BeamState.start(torch.tensor([[EOS, 2]] * num_sources), k, max_seq_len)
+    state.n = n
+    state.step_nr = torch.randint(2, max_seq_len, (num_sources,), generator=gen)
+    state.scores = -torch.rand((num_sources, n), generator=gen) * 5
+    state.seqs[:, :, 2:] = torch.randint(2, vocab, (num_sources, k, max_seq_len - 2), generator=gen)
+    state.step_scores[:] = -torch.rand((num_sources, k, max_seq_len), generator=gen)
+    logits = torch.randn((num_sources, n, vocab), generator=gen)
+    logits[..., EOS] += 2.0 * (torch.rand((num_sources, n), generator=gen) < 0.3)
+    table = SlotTable(num_sources, n, torch.device("cpu"))
+    table.positions[:] = state.step_nr[:, None] - 1
+    verification = Verification(
+        table,
+        chain_slots=torch.arange(n).expand(num_sources, n)[..., None],
+        node_slots=torch.zeros((num_sources, 0, 1), dtype=torch.int64),
+        features=torch.zeros((num_sources, n, 1)),
+        logits=logits,
+        computed_slots=num_sources * n,
+    )
+    return state, verification, max_seq_len
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_plain_step_is_the_replays_first_step(seed: int) -> None:
+    """Without a tree, acceptance takes fairseq2's step once (`_accept_roots`): the same
+    hypotheses, scores, finished hypotheses and cache origins as the replay, and as the
+    replay scoring the step itself (a step processor that changes nothing forces it)."""
+    state, verification, max_seq_len = _roots_case(seed)
+    finish = HypothesisFactory(EOS, 2, echo_prompt=False, normalize_scores=True, len_penalty=1.0)
+    tree = DraftTree.empty(len(state.step_nr))
+    results = []
+    for processors, how in [((), "roots"), ((), "tree"), ((_NoOp(),), "tree")]:
+        rules = ScoringRules(EOS, PAD, 3, [0.0, 1.5][seed % 2], 1.0, 4, max_seq_len, processors)
+        acceptor, s = BeamAcceptor(rules, 3, finish), copy.deepcopy(state)
+        output: list[list] = [[] for _ in range(len(s.step_nr))]
+        if how == "roots":
+            acceptance = acceptor.accept(s, verification, tree, output)
+        else:
+            acceptance = acceptor._accept_tree(s, verification, tree, output)
+        results.append((acceptance, s, output))
+    want, want_state, want_out = results[-1]
+    for got, got_state, got_out in results[:-1]:
+        for field in ["origin", "node", "roots", "steps", "accepted", "done"]:
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+        for field in ["seqs", "step_scores", "scores", "step_nr"]:
+            assert torch.equal(getattr(got_state, field), getattr(want_state, field)), field
+        assert got_state.n == want_state.n == 3
+        for w, g in zip(want_out, got_out, strict=True):
+            assert [h.seq.tolist() for h in g] == [h.seq.tolist() for h in w]
+            assert [float(h.score) for h in g] == [float(h.score) for h in w]
