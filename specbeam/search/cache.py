@@ -195,6 +195,23 @@ class SpeculativeKVCache:
         self.width = int(self.lens.max()) if len(self.lens) else 0
         self.spec_len = 0
 
+    def commit_roots(self, origin: Tensor, slot: Tensor) -> None:
+        """`commit` where new hypothesis i of source s keeps one slot, slot[s, i] (S, k):
+        a plain step's root, without finding the kept slots in a mask."""
+        if len(self.lens) == 0:
+            return
+        self._make_room(int(self.lens.max()) + 1)
+        k = self.k
+        rows = torch.arange(len(self.lens), device=origin.device)[:, None]
+        # (layers, 2, S, k, H, D): read the roots before anything is overwritten.
+        accepted = self.flat()[:, :, rows, self.width * k + slot]
+        if self.width > 0 and not torch.equal(origin, torch.arange(k, device=origin.device).expand_as(origin)):  # fmt: skip
+            self._reorder_prefixes(origin)
+        self.buf[:, :, rows, self.lens[:, None], torch.arange(k, device=origin.device)] = accepted
+        self.lens = self.lens + 1
+        self.width = int(self.lens.max())
+        self.spec_len = 0
+
     def _reorder_prefixes(self, origin: Tensor) -> None:
         """Hypothesis i of source s takes the prefix of hypothesis origin[s, i]: one
         `index_select` of whole (H·D) rows; a `gather` would read an int64 index per

@@ -124,6 +124,15 @@ class SlotTable:
         num_sources, n, c = tokens.shape
         device = tokens.device
         begin = self.size
+        if c == 1:  # the roots alone (every pass after the first): each sees itself
+            slots = slice(begin, begin + n)
+            self.tokens[:, slots] = tokens[..., 0]
+            self.positions[:, slots] = (start_positions + lengths - 1)[:, None]
+            self.hyp[:, slots] = torch.arange(n, device=device)
+            self.valid[:, slots] = lengths[:, None] > 0
+            self.visible[:, slots, slots] = torch.eye(n, dtype=torch.bool, device=device)
+            self.size += n
+            return begin + torch.arange(n, device=device).expand(num_sources, n)
         link = torch.arange(c, device=device)
         valid = link[None, :] >= (c - lengths)[:, None]  # (S, c)
         slots = slice(begin, begin + n * c)

@@ -78,6 +78,31 @@ def test_commit_matches_reference(data) -> None:
     assert cache.width == int(cache.lens.max()) and cache.spec_len == 0
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_committing_one_root_each_is_a_commit_of_that_slot(data) -> None:
+    """A plain step's commit (`commit_roots`) leaves the cache as `commit` does when each
+    new hypothesis keeps exactly one slot."""
+    num_sources = data.draw(st.integers(1, 3))
+    k = data.draw(st.integers(1, 4))
+    lens = data.draw(st.lists(st.integers(0, 14), min_size=num_sources, max_size=num_sources))
+    spec = data.draw(st.integers(1, 2 * k))
+    origin, slot = (
+        torch.tensor(
+            [data.draw(st.lists(st.integers(0, top), min_size=k, max_size=k)) for _ in lens]
+        )
+        for top in (k - 1, spec - 1)
+    )
+    keep = torch.zeros((num_sources, k, spec), dtype=torch.bool)
+    keep.scatter_(2, slot[..., None], True)
+    caches = [labelled_cache(num_sources, k, lens, spec) for _ in range(2)]
+    caches[0].commit(origin, keep)
+    caches[1].commit_roots(origin, slot)
+    assert torch.equal(caches[0].buf, caches[1].buf)
+    assert torch.equal(caches[0].lens, caches[1].lens)
+    assert (caches[0].width, caches[0].spec_len) == (caches[1].width, caches[1].spec_len)
+
+
 def test_select_sources_drops_rows() -> None:
     cache = labelled_cache(3, 2, [2, 4, 1], 0)
     cache.select_sources(torch.tensor([2, 0]))
