@@ -102,9 +102,7 @@ class BeamAcceptor:
         lprobs = _scored(self.rules, verification)  # (S, n, V): slot i is hypothesis i
         num_sources, _, vocab = lprobs.shape
         cand = (state.scores[..., None] + lprobs).flatten(1)
-        top, index = (t.numpy() for t in cand.topk(min(2 * k, cand.size(1))))
-        is_eos = index % vocab == self.rules.eos_idx
-        keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]
+        top, index, token, is_eos, keep = _ranked(cand, k, vocab, self.rules.eos_idx)
         done = np.zeros(num_sources, dtype=bool)
         finishing = is_eos[:, :k]
         if finishing.any():
@@ -112,7 +110,7 @@ class BeamAcceptor:
             self._finish(finishing, index // vocab, top, seqs, step_scores, state.step_nr, state.source_ids, output, done)  # fmt: skip
         sources = np.arange(num_sources)[:, None]
         index, top = index[sources, keep], top[sources, keep]
-        parent, token = torch.from_numpy(index // vocab), torch.from_numpy(index % vocab)
+        parent, token = torch.from_numpy(index // vocab), torch.from_numpy(token[sources, keep])
         length = state.seqs.size(-1)
         rows = parent[..., None].expand(-1, -1, length)
         state.seqs, state.step_scores = (
@@ -172,10 +170,7 @@ class BeamAcceptor:
             some_off = j > 0 and bool(off.any())
             bases = np.where(off, np.float32(-np.inf), scores) if some_off else scores
             cand = (torch.from_numpy(bases)[..., None] + lprobs).flatten(1)
-            top, index = (t.numpy() for t in cand.topk(min(2 * k, cand.size(1))))
-            token = index % vocab
-            is_eos = token == self.rules.eos_idx
-            keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]
+            top, index, token, is_eos, keep = _ranked(cand, k, vocab, self.rules.eos_idx)
             if some_off:
                 # A hypothesis off the tree has no verified log-probs, but its children
                 # score at most its own score. The step is decided by the candidates up to
@@ -262,6 +257,18 @@ class BeamAcceptor:
             hyps.append(self.finish(seqs[s, hyp], step_scores[s, hyp], score, t))
             if len(hyps) == self.k:
                 done[s] = True
+
+
+def _ranked(
+    cand: Tensor, k: int, vocab: int, eos: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """fairseq2's ranking of one step's candidates cand (S, h·V): the top 2k scores and
+    their flat indices, tokens and EOS flags, and `keep` (S, k), the ranks of the first k
+    non-EOS ones."""
+    top, index = (t.numpy() for t in cand.topk(min(2 * k, cand.size(1))))
+    token = index % vocab
+    is_eos = token == eos
+    return top, index, token, is_eos, np.argsort(is_eos, axis=1, kind="stable")[:, :k]
 
 
 def _node_keys(tree: DraftTree, n: int, vocab: int) -> np.ndarray:
