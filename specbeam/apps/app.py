@@ -17,6 +17,7 @@ from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
+from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, load_pair
 
 R = TypeVar("R")
@@ -90,6 +91,14 @@ def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
         return app(OmegaConf.to_object(cfg))
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
+
+
+def before_hydra(argv: Sequence[str]) -> None:
+    """What an app's command line does before Hydra runs it: group choices are checked,
+    and fairseq2 will not register the generators for recipes, which these processes do
+    not run (0.8 s of start-up, `specbeam/integration/entry_point.py`)."""
+    check_group_choices(argv)
+    entry_point.skip_generators()
 
 
 def check_group_choices(argv: Sequence[str], conf_dir: Path = REPO_ROOT / "conf") -> None:

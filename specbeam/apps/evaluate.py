@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
-from specbeam.apps.app import check_group_choices, run_app
+from specbeam.apps.app import before_hydra, run_app
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
@@ -213,6 +213,6 @@ def main(cfg: EvaluateConfig) -> None:
 
 
 def cli() -> None:
-    """The command line: Hydra group choices are checked before Hydra sees them."""
-    check_group_choices(sys.argv[1:])
+    """The command line (`app.before_hydra`)."""
+    before_hydra(sys.argv[1:])
     main()

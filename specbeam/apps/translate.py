@@ -21,7 +21,7 @@ from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.apps.app import PipelineConfig, check_group_choices, run_app, shard_range
+from specbeam.apps.app import PipelineConfig, before_hydra, run_app, shard_range
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import translate_texts
@@ -250,6 +250,6 @@ def main(cfg: TranslateConfig) -> None:
 
 
 def cli() -> None:
-    """The command line: Hydra group choices are checked before Hydra sees them."""
-    check_group_choices(sys.argv[1:])
+    """The command line (`app.before_hydra`)."""
+    before_hydra(sys.argv[1:])
     main()

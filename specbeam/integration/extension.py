@@ -1,7 +1,8 @@
 """specbeam as a fairseq2 extension.
 
 fairseq2 runs `register_specbeam` for every process that builds its dependency container
-(entry point group `fairseq2.extension`), so any recipe with a `seq2seq_generator` section
+(entry point group `fairseq2.extension`, through `specbeam/integration/entry_point.py`,
+which specbeam's own command lines tell to skip it), so any recipe with a `seq2seq_generator` section
 can select the speculative generator by name::
 
     seq2seq_generator.name=speculative_beam_search

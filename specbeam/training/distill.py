@@ -20,7 +20,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.apps.app import PipelineConfig, check_group_choices, parse_shard, run_app
+from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
 from specbeam.apps.inference import translate_texts
 from specbeam.apps.paths import REPO_ROOT
 
@@ -91,6 +91,6 @@ def main(cfg: DistillConfig) -> None:
 
 
 def cli() -> None:
-    """The command line: Hydra group choices are checked before Hydra sees them."""
-    check_group_choices(sys.argv[1:])
+    """The command line (`app.before_hydra`)."""
+    before_hydra(sys.argv[1:])
     main()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
@@ -48,13 +49,12 @@ from fairseq2.task import Task
 from typing_extensions import override
 
 from specbeam.apps.data import pad
-from specbeam.integration import extension
+from specbeam.integration import entry_point, extension
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
 from specbeam.integration.extension import (
     SPECULATIVE_GREEDY_GENERATOR,
     SPECULATIVE_SAMPLING_GENERATOR,
     SpeculativeBeamSearchConfig,
-    register_specbeam,
 )
 from specbeam.integration.models import build_shallow_draft, save_head, save_model
 from specbeam.search.generator import (
@@ -71,10 +71,34 @@ TEST_TOKENIZER_FAMILY = "specbeam_test_vocab"
 
 
 def test_entry_point_is_installed() -> None:
-    (entry_point,) = [e for e in entry_points(group="fairseq2.extension") if e.name == "specbeam"]
+    (installed,) = [e for e in entry_points(group="fairseq2.extension") if e.name == "specbeam"]
 
-    assert entry_point.value == "specbeam.integration.extension:register_specbeam"
-    assert entry_point.load() is register_specbeam
+    assert installed.value == "specbeam.integration.entry_point:register_specbeam"
+    assert installed.load() is entry_point.register_specbeam
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_apps_skip_the_generators_registration(skip: bool) -> None:
+    """specbeam's command lines skip the registration (and the recipe package it
+    imports); any other process still gets the generators."""
+    probe = """
+import sys
+from specbeam.integration import entry_point
+if sys.argv[1] == "skip":
+    entry_point.skip_generators()
+import fairseq2
+resolver = fairseq2.init_fairseq2()
+recipe = "fairseq2.recipe" in sys.modules
+from fairseq2.generation import Seq2SeqGenerator
+from fairseq2.recipe.component import _ComponentEntry
+key = (Seq2SeqGenerator, "speculative_beam_search")
+print(recipe, resolver.resolve_optional(_ComponentEntry, key=key) is not None)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", probe, "skip" if skip else "register"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert out.stdout.split() == (["False", "False"] if skip else ["True", "True"])
 
 
 def test_config_validation() -> None:
