@@ -62,9 +62,8 @@ def main() -> None:
         a = measure_agreement(
             target, draft, along, tokenizer.vocab_info.pad_idx or 0, prompt_len=prompt_len
         )
-        rows.append({"along": name, "positions": a.positions, "top1": a.top1,
-                     f"top{a.k}_in_draft_top{a.width}": a.topk_covered})  # fmt: skip
-    key = [c for c in rows[0] if c.startswith("top") and c != "top1"][0]
+        key = f"top{a.k}_in_draft_top{a.width}"  # as compare_drafts.py names it
+        rows.append({"along": name, "positions": a.positions, "top1": a.top1, key: a.topk_covered})
     lines = [
         f"| teacher-forced along | positions | top-1 agreement | {key.replace('_', ' ')} |",
         "|---|---|---|---|",

@@ -2,8 +2,8 @@
 
 fairseq2 runs `register_specbeam` for every process that builds its dependency container
 (entry point group `fairseq2.extension`, through `specbeam/integration/entry_point.py`,
-which specbeam's own command lines tell to skip it), so any recipe with a `seq2seq_generator` section
-can select the speculative generator by name::
+which specbeam's own command lines tell to skip it), so any recipe with a
+`seq2seq_generator` section can select the speculative generator by name::
 
     seq2seq_generator.name=speculative_beam_search
     seq2seq_generator.config.draft_model=<asset card of the draft>
