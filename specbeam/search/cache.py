@@ -1,11 +1,14 @@
 """Speculative KV cache: one buffer for all decoder layers of one model.
 
 Layout, per source row s: the k live hypotheses' prefixes are interleaved position-major,
-so key index `c * k + i` holds position c of hypothesis i. Attention over the first
-`width * k` keys therefore covers every hypothesis' prefix at once (a mask picks each
-query's own), and the slots a verification or draft call appends ("speculative slots")
-follow at `width * k`. Rollback is resetting `spec_len`; commit gathers the surviving
-hypotheses' prefixes and moves each one's accepted path into its next positions.
+so key index `c * k + j` holds position c of column j, and hypothesis i's prefix lives in
+column `columns[s, i]`. Attention over the first `width * k` keys therefore covers every
+hypothesis' prefix at once (a mask picks each query's own column), and the slots a
+verification or draft call appends ("speculative slots") follow at `width * k`. Rollback is
+resetting `spec_len`; commit hands each surviving hypothesis a column holding its prefix and
+moves its accepted path into its next positions. A hypothesis' first child inherits its
+column in place; only further children copy the prefix, into the columns of hypotheses that
+left none (copy on branch: beam 5 on the embedded pair copies 1.16 prefixes a step, not 5).
 
 Like fairseq2's `FullAttentionState`, the buffer grows by `increment` positions when a
 call needs more (None: it is allocated at `max_capacity` up front), and growing copies
@@ -24,8 +27,6 @@ import torch
 from fairseq2.models.transformer import AttentionState
 from torch import Tensor
 from typing_extensions import override
-
-from specbeam.search import native
 
 
 @final
@@ -93,6 +94,8 @@ class SpeculativeKVCache:
         shape = (num_layers, 2, num_sources, initial, hyps_per_source, num_heads, head_dim)
         self._allocate(shape, dtype, device)
         self.lens = torch.zeros(num_sources, dtype=torch.int64, device=device)  # cached positions
+        # (S, k): the column holding each hypothesis' prefix
+        self.columns = torch.arange(hyps_per_source, device=device).repeat(num_sources, 1)
         self.width = 0  # max(lens): where the speculative slots start, in positions
         self.spec_len = 0  # speculative slots written since the last commit
         self.peak_bytes = self.nbytes()
@@ -188,7 +191,7 @@ class SpeculativeKVCache:
         self._reorder_prefixes(origin)
         # Rank of each kept slot within its hypothesis = its offset after the prefix.
         rank = keep.long().cumsum(-1)[s_idx, i_idx, slot] - 1
-        self.buf[:, :, s_idx, self.lens[s_idx] + rank, i_idx] = accepted
+        self.buf[:, :, s_idx, self.lens[s_idx] + rank, self.columns[s_idx, i_idx]] = accepted
         self.lens = self.lens + kept[:, 0]
         self.width = int(self.lens.max()) if len(self.lens) else 0
         self.spec_len = 0
@@ -204,35 +207,37 @@ class SpeculativeKVCache:
         # (layers, 2, S, k, H, D): read the roots before anything is overwritten.
         accepted = self.flat()[:, :, rows, self.width * k + slot]
         self._reorder_prefixes(origin)
-        self.buf[:, :, rows, self.lens[:, None], torch.arange(k, device=origin.device)] = accepted
+        self.buf[:, :, rows, self.lens[:, None], self.columns] = accepted
         self.lens = self.lens + 1
         self.width = int(self.lens.max())
         self.spec_len = 0
 
     def _reorder_prefixes(self, origin: Tensor) -> None:
-        """Hypothesis i of source s takes the prefix of hypothesis origin[s, i]: one
-        `index_select` of whole (H·D) rows; a `gather` would read an int64 index per
-        element, twice the keys' own bytes. One layer's keys or values at a time, so
-        that the copy stays in the CPU's cache on its way back (16 sources × 40
-        positions, AMD EPYC: 23–38 vs 81–85 ms for all layers at once)."""
-        layers, kv, num_sources, capacity, k, heads, dim = self.buf.shape
-        width = self.width
-        if width == 0 or torch.equal(origin, torch.arange(k, device=origin.device).expand_as(origin)):  # fmt: skip
-            return  # no prefix, or every hypothesis keeps its own
-        rows = self.buf.view(layers * kv, num_sources * capacity * k, heads * dim)
-        position = torch.arange(width, device=origin.device)
-        index = (
-            torch.arange(num_sources, device=origin.device)[:, None, None] * (capacity * k)
-            + position[None, :, None] * k
-            + origin[:, None, :]
-        ).flatten()  # (S·W·k): the row each prefix entry is read from
-        prefixes = self._parts()[:, :, :width]
-        ext = native.module()
-        if ext is not None:  # the same loop without the interpreter
-            ext.reorder_prefixes(rows, prefixes, index)
+        """Hypothesis i of source s takes the prefix of hypothesis origin[s, i]: the first
+        child of each hypothesis takes over its column, the others get the columns of
+        hypotheses without children and a copy of the prefix (whole (H·D) rows, all
+        layers' keys and values in one indexed copy)."""
+        num_sources, k = origin.shape
+        parent = self.columns.gather(1, origin)  # (S, k): the column each one extends
+        later = (origin[:, :, None] == origin[:, None, :]).tril(-1).any(-1)  # not a first child
+        if not later.any():
+            self.columns = parent  # a permutation: no prefix moves
             return
-        for part, prefix in zip(rows, prefixes, strict=True):
-            prefix.copy_(part.index_select(0, index).view(prefix.shape))
+        childless = ~(origin[:, :, None] == torch.arange(k, device=origin.device)).any(1)
+        # Childless hypotheses' columns first, in order; the j-th later child takes the j-th.
+        free = self.columns.gather(1, childless.int().argsort(dim=1, descending=True, stable=True))
+        rank = later.long().cumsum(1) - 1
+        self.columns = torch.where(later, free.gather(1, rank.clamp(min=0)), parent)
+        width = self.width
+        if width == 0:
+            return
+        layers, kv, _, capacity, _, heads, dim = self.buf.shape
+        s_idx, i_idx = later.nonzero(as_tuple=True)
+        base = s_idx[:, None] * (capacity * k) + torch.arange(width, device=origin.device) * k
+        src = (base + parent[s_idx, i_idx, None]).flatten()  # (copies · W) rows
+        dst = (base + self.columns[s_idx, i_idx, None]).flatten()
+        rows = self.buf.view(layers * kv, num_sources * capacity * k, heads * dim)
+        rows[:, dst] = rows[:, src]
 
     def select_sources(self, keep: Tensor) -> None:
         """Drops finished sources; `keep` (S',) indexes the surviving rows, in order.
@@ -245,6 +250,7 @@ class SpeculativeKVCache:
             part[: len(keep)] = part.index_select(0, keep)
         self.buf = self.buf[:, :, : len(keep)]
         self.lens = self.lens.index_select(0, keep)
+        self.columns = self.columns.index_select(0, keep)
         self.width = int(self.lens.max()) if len(self.lens) else 0
 
     def bytes_held(self) -> int:

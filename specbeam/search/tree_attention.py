@@ -55,7 +55,7 @@ def tree_bias(
     lens: Tensor, width: int, k: int, hyp: Tensor, visible: Tensor, dtype: torch.dtype
 ) -> Tensor:
     """Additive self-attention mask (S, 1, T, width·k + slots): slot t of source s sees the
-    cached prefix of its hypothesis hyp[s, t] (positions < lens[s], hypotheses interleaved
+    cached prefix in column hyp[s, t] (positions < lens[s], columns interleaved
     position-major as in the cache) and the slots `visible` (S, T, slots) says. Compiled
     where `native` is built (the same ops)."""
     ext = native.module()
@@ -326,7 +326,8 @@ class TreeDecoder:
             raise ValueError("a draft head needs its parents' states; other decoders take none")
         cache = self.cache
         cache.reserve(tokens.size(1))
-        self.bias.tensor = tree_bias(cache.lens, cache.width, cache.k, hyp, visible, self.dtype)
+        column = cache.columns.gather(1, hyp)  # where each slot's hypothesis keeps its prefix
+        self.bias.tensor = tree_bias(cache.lens, cache.width, cache.k, column, visible, self.dtype)
         x = self.embed(tokens, positions)
         if self.head is not None:
             assert features is not None

@@ -128,7 +128,7 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
 }
 
 // TreeDecoder.forward's self-attention mask: query slot t of source s sees the cached
-// prefix of its own hypothesis hyp[s, t] (positions < lens[s]) and the slots `visible`
+// prefix in column hyp[s, t] (positions < lens[s]) and the slots `visible`
 // says it sees. Additive, (S, 1, T, width·k + slots).
 Tensor tree_bias(const Tensor& lens, int64_t width, int64_t k, const Tensor& hyp,
                  const Tensor& visible, c10::ScalarType dtype) {
@@ -141,17 +141,7 @@ Tensor tree_bias(const Tensor& lens, int64_t width, int64_t k, const Tensor& hyp
       .unsqueeze(1);
 }
 
-// SpeculativeKVCache._reorder_prefixes: part by part (one layer's keys or values), the
-// prefix rows `index` of `rows` (parts, N, H·D) into `prefixes` (parts, ...).
-void reorder_prefixes(const Tensor& rows, const Tensor& prefixes, const Tensor& index) {
-  for (int64_t i = 0; i < rows.size(0); ++i) {
-    Tensor prefix = prefixes[i];
-    prefix.copy_(rows[i].index_select(0, index).view(prefix.sizes()));
-  }
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("reorder_prefixes", &reorder_prefixes, "a cache's prefixes gathered part by part");
   m.def("decode", &decode, "a pre-LN decoder's layers over one call's slots");
   m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
   m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;
