@@ -15,11 +15,18 @@ a microsecond against torch's 2-5 µs of dispatch (a pass at beam 5 and γ 2 mak
 150 of them). Each step keeps its parents, tokens and scores; the hypotheses' tokens and
 scores are written once, at the end (`_Replay`). Beam 1 over a linear draft (spec
 greedy) ranks all steps of a pass in one batch instead.
+
+Where the native extension is built (`specbeam.search.native`) and neither a relaxation
+nor step processors take part, all of it runs compiled (csrc/accept.cpp), scoring only the
+slots the replay reads: at beam 5, γ 2 and batch 1, 0.60 ms a pass instead of 1.44 (AMD
+EPYC Zen 4, 53 test verses), 0.26 ms instead of 0.45 a plain step. The Python loops
+remain for the rest, and the tests hold both to the same output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import final
 
 import numpy as np
@@ -27,6 +34,7 @@ import torch
 from fairseq2.generation import Hypothesis
 from torch import Tensor
 
+from specbeam.search import native
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.relax import Relaxation, relaxed_step
 from specbeam.search.rules import ScoringRules
@@ -82,6 +90,9 @@ class BeamAcceptor:
         tree: DraftTree,
         output: list[list[Hypothesis]],
     ) -> Acceptance:
+        ext = native.module() if self.relax is None and not self.rules.step_processors else None
+        if ext is not None:
+            return self._accept_compiled(ext, state, verification, tree, output)
         if (
             self.k == 1
             and tree.width == 1
@@ -92,6 +103,34 @@ class BeamAcceptor:
         if tree.depth == 0 and verification.logits.size(1) == state.n and not self.rules.step_processors:  # fmt: skip
             return self._accept_roots(state, verification, output)
         return self._accept_tree(state, verification, tree, output)
+
+    def _accept_compiled(
+        self,
+        ext: ModuleType,
+        state: BeamState,
+        verification: Verification,
+        tree: DraftTree,
+        output: list[list[Hypothesis]],
+    ) -> Acceptance:
+        """The replay (`_accept_tree`, which `_accept_roots` and `_accept_chain` shorten)
+        compiled: csrc/accept.cpp scores only the slots the replay reads and returns the
+        hypotheses' tokens and the finished ones; here they go into the state and output."""
+        rules, num_slots = self.rules, verification.logits.size(1)
+        finished = torch.tensor([len(output[i]) for i in state.source_ids.tolist()])
+        seqs, step_scores, scores, origin, node, roots, steps, accepted, done, *events = ext.accept(
+            verification.logits, verification.root_slots, verification.node_slots, tree.tokens,
+            tree.parents, tree.valid, verification.table.positions[:, :num_slots], state.scores,
+            state.seqs, state.step_scores, state.step_nr, finished, self.k,
+            [rules.eos_idx, _id(rules.pad_idx), _id(rules.unk_idx), rules.min_seq_len, rules.max_seq_len],
+            [rules.unk_penalty, rules.temperature], self.bounded,
+        )  # fmt: skip
+        for s, t, seq, cum_scores, score in zip(*events, strict=True):
+            hyp = self.finish(seq, cum_scores, score.clone(), int(t))
+            output[int(state.source_ids[s])].append(hyp)
+        state.seqs, state.step_scores, state.scores = seqs, step_scores, scores
+        state.step_nr = state.step_nr + steps
+        state.n = self.k
+        return Acceptance(origin, node, roots, steps, accepted, done)
 
     def _accept_roots(
         self, state: BeamState, verification: Verification, output: list[list[Hypothesis]]
@@ -257,6 +296,10 @@ class BeamAcceptor:
             hyps.append(self.finish(seqs[s, hyp], step_scores[s, hyp], score, t))
             if len(hyps) == self.k:
                 done[s] = True
+
+
+def _id(token: int | None) -> int:
+    return -1 if token is None else token
 
 
 def _ranked(

@@ -1,5 +1,5 @@
-"""The lean decoder's layer loop compiled (`csrc/lean_layers.cpp`), where a C++ compiler
-is at hand.
+"""The lean decoder's layer loop (`csrc/lean_layers.cpp`) and exact acceptance's replay
+(`csrc/accept.cpp`) compiled, where a C++ compiler is at hand.
 
 Each small op of a decoder call (norms, views, residual adds, attention's transposes,
 cache writes: ~30 per layer) costs several times its back-to-back time in Python,
@@ -9,9 +9,10 @@ interpreter's working set. The same ATen ops called from C++ skip the interprete
 21.4 ms per beam-search step side by side, with bit-identical logits.
 
 The extension is built by torch's `cpp_extension` on first use (about a minute, in
-`~/.cache/specbeam/native/<hash of source, torch and Python>` or `$SPECBEAM_NATIVE_DIR`);
+`~/.cache/specbeam/native/<hash of sources, torch and Python>` or `$SPECBEAM_NATIVE_DIR`);
 `scripts/setup.sh` builds it (`python -m specbeam.build_native`). Where it cannot be
-built the decoder runs its layers in Python, and the log says why. `hardware.native=false`
+built the decoder runs its layers, and acceptance its replay, in Python, and the log says
+why. `hardware.native=false`
 switches it off.
 """
 
@@ -43,7 +44,9 @@ if TYPE_CHECKING:  # the cache calls this module
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "lean_layers.cpp"
+SOURCES = [
+    Path(__file__).parent / "csrc" / f"{name}.cpp" for name in ("module", "lean_layers", "accept")
+]
 _enabled = True
 
 
@@ -53,14 +56,15 @@ def enable(on: bool) -> None:
     _enabled = on
 
 
-NAME = "specbeam_lean_layers"
+NAME = "specbeam_native"
 
 
 def build_dir() -> Path:
     """Where the extension is built: one directory per source, torch and Python version,
     so that a cached build is never stale."""
     key = hashlib.sha256(
-        SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()
+        b"".join(source.read_bytes() for source in SOURCES)
+        + f"{torch.__version__} {sys.version}".encode()
     ).hexdigest()[:16]
     root = os.environ.get("SPECBEAM_NATIVE_DIR") or Path.home() / ".cache" / "specbeam" / "native"
     return Path(root) / key
@@ -77,8 +81,10 @@ def build() -> ModuleType | None:
             from torch.utils.cpp_extension import load
 
             where.mkdir(parents=True, exist_ok=True)
-            log.info("building the native lean layers once (about a minute) in %s", where)
-            return load(NAME, [str(SOURCE)], extra_cflags=["-O2"], build_directory=str(where))
+            log.info("building the native layers once (about a minute) in %s", where)
+            return load(
+                NAME, [str(s) for s in SOURCES], extra_cflags=["-O2"], build_directory=str(where)
+            )
         loader = importlib.machinery.ExtensionFileLoader(NAME, str(built))
         spec = importlib.util.spec_from_file_location(NAME, built, loader=loader)
         assert spec is not None
@@ -245,4 +251,4 @@ def main() -> None:
     began = time.perf_counter()
     if build() is None:
         raise SystemExit(1)
-    print(f"native lean layers: ready in {time.perf_counter() - began:.1f} s")
+    print(f"native layers: ready in {time.perf_counter() - began:.1f} s")

@@ -10,6 +10,7 @@ import pytest
 import torch
 from fairseq2.generation.step_processor import StepProcessor
 
+from specbeam.search import native
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.rules import ScoringRules
@@ -18,6 +19,15 @@ from specbeam.search.tree_attention import SlotTable
 from specbeam.search.verify import Verification
 
 PAD, EOS, VOCAB, K = 0, 1, 8, 2
+
+
+@pytest.fixture(params=[True, False], ids=["compiled", "python"])
+def compiled(request):
+    """Acceptance through csrc/accept.cpp, or through its Python loops."""
+    assert native.build() is not None  # else both would be the Python loops
+    native.enable(request.param)
+    yield request.param
+    native.enable(True)
 
 
 def _logits(probs: dict[int, float]) -> torch.Tensor:
@@ -61,7 +71,9 @@ def _accept(second_score: float) -> tuple:
     return acceptance, state, output
 
 
-def test_an_off_tree_hypothesis_below_the_kth_non_eos_candidate_does_not_stop_the_pass() -> None:
+def test_an_off_tree_hypothesis_below_the_kth_non_eos_candidate_does_not_stop_the_pass(
+    compiled,
+) -> None:
     """Hypothesis 1·4 scores ln 0.6 - 2.0 = -2.51: below 0·3·7 (ln 0.9 + ln 0.1 = -2.41),
     the 2nd non-EOS candidate, so none of its children can enter step 1's beam, though
     they could outrank its 4th candidate (the 2k-th, -4.7)."""
@@ -75,7 +87,7 @@ def test_an_off_tree_hypothesis_below_the_kth_non_eos_candidate_does_not_stop_th
     assert float(finished.score) == pytest.approx((math.log(0.9) + math.log(0.3)) / 4, abs=1e-5)
 
 
-def test_an_off_tree_hypothesis_that_could_reach_the_beam_stops_the_pass() -> None:
+def test_an_off_tree_hypothesis_that_could_reach_the_beam_stops_the_pass(compiled) -> None:
     """At -1.51, a child of 1·4 could rank before 0·3·7: the pass ends after step 0."""
     acceptance, state, output = _accept(-1.0)
     assert acceptance.steps.tolist() == [1]
@@ -142,7 +154,7 @@ def _widened(verification: Verification, tree: DraftTree) -> tuple[Verification,
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_beam_one_over_a_chain_ranks_every_step_as_the_step_loop_does(seed: int) -> None:
+def test_beam_one_over_a_chain_ranks_every_step_as_the_step_loop_does(seed: int, compiled) -> None:
     """Three ways to the same steps: the chain's batched ranking, the step loop on
     log-probs scored for every slot at once, and the step loop scoring each step (a
     step processor that changes nothing forces it)."""
@@ -207,7 +219,7 @@ def _roots_case(seed: int) -> tuple:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_a_plain_step_is_the_replays_first_step(seed: int) -> None:
+def test_a_plain_step_is_the_replays_first_step(seed: int, compiled) -> None:
     """Without a tree, acceptance takes fairseq2's step once (`_accept_roots`): the same
     hypotheses, scores, finished hypotheses and cache origins as the replay, and as the
     replay scoring the step itself (a step processor that changes nothing forces it)."""
@@ -234,3 +246,83 @@ def test_a_plain_step_is_the_replays_first_step(seed: int) -> None:
         for w, g in zip(want_out, got_out, strict=True):
             assert [h.seq.tolist() for h in g] == [h.seq.tolist() for h in w]
             assert [float(h.score) for h in g] == [float(h.score) for h in w]
+
+
+def _tree_case(seed: int) -> tuple:
+    """Beam 3 over a random draft tree (depth 1-3, width 4): logits that often agree with
+    the drafted tokens, EOS often likely, sources near the length limits, some with
+    finished hypotheses already, some at their first step (one hypothesis)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_sources, k, width, vocab, max_seq_len = 4, 3, 4, 9, 14
+    depth = 1 + seed % 3
+    n = 1 if seed % 5 == 0 else k
+    state = BeamState.start(torch.tensor([[EOS, 2]] * num_sources), k, max_seq_len)
+    state.n = n
+    state.step_nr = torch.randint(2, max_seq_len - 1, (num_sources,), generator=gen)
+    state.scores = -torch.rand((num_sources, n), generator=gen) * 3
+    state.seqs[:, :, 2:] = torch.randint(2, vocab, (num_sources, k, max_seq_len - 2), generator=gen)
+    state.step_scores[:] = -torch.rand((num_sources, k, max_seq_len), generator=gen)
+    tokens = torch.randint(2, vocab, (num_sources, depth, width), generator=gen)
+    parents = torch.randint(0, n, (num_sources, depth, width), generator=gen)
+    parents[:, 1:] = torch.randint(0, width, (num_sources, depth - 1, width), generator=gen)
+    valid = torch.rand((num_sources, depth, width), generator=gen) < 0.85
+    for d in range(1, depth):
+        valid[:, d] &= valid[:, d - 1].gather(1, parents[:, d])
+    num_slots = n + depth * width
+    logits = torch.randn((num_sources, num_slots, vocab), generator=gen)
+    # Raise each node's token in its parent's slot, so that the beam often stays in the tree.
+    parent_slot = torch.cat([parents[:, :1], n + (torch.arange(depth - 1)[:, None] * width + parents[:, 1:])], 1)  # fmt: skip
+    boost = 3.0 * (valid & (torch.rand(valid.shape, generator=gen) < 0.8))
+    logits.view(num_sources, -1).scatter_add_(
+        1, (parent_slot * vocab + tokens).flatten(1), boost.flatten(1)
+    )
+    logits[..., EOS] += 2.5 * (torch.rand((num_sources, num_slots), generator=gen) < 0.3)
+    table = SlotTable(num_sources, num_slots, torch.device("cpu"))
+    table.positions[:] = state.step_nr[:, None] - 1
+    table.positions[:, n:] += 1 + torch.arange(depth).repeat_interleave(width)
+    verification = Verification(
+        table,
+        chain_slots=torch.arange(n).expand(num_sources, n)[..., None],
+        node_slots=(n + torch.arange(depth * width)).view(depth, width).expand(num_sources, -1, -1),
+        features=torch.zeros((num_sources, num_slots, 1)),
+        logits=logits,
+        computed_slots=num_sources * num_slots,
+    )
+    tree = DraftTree(tokens, parents, valid, torch.zeros(valid.shape))
+    finished = torch.randint(0, k, (num_sources,), generator=gen).tolist()
+    return state, verification, tree, finished, max_seq_len
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_compiled_replay_is_the_python_replay(seed: int) -> None:
+    """`accept.cpp` against `_accept_tree`'s Python loop: the same hypotheses, scores,
+    cache origins and finished hypotheses (in the same order), bounded or not (an UNK
+    bonus lets children outscore their parent)."""
+    assert native.build() is not None
+    state, verification, tree, finished, max_seq_len = _tree_case(seed)
+    finish = HypothesisFactory(EOS, 2, echo_prompt=False, normalize_scores=True, len_penalty=1.0)
+    rules = ScoringRules(EOS, PAD, 3, [0.0, -1.0][seed % 2], 1.0, 4, max_seq_len)
+    results = []
+    try:
+        for compiled in (False, True):
+            native.enable(compiled)
+            s = copy.deepcopy(state)
+            output: list[list] = [["earlier"] * f for f in finished]
+            acceptance = BeamAcceptor(rules, 3, finish).accept(s, verification, tree, output)
+            results.append((acceptance, s, output))
+    finally:
+        native.enable(True)
+    (want, want_state, want_out), (got, got_state, got_out) = results
+    for field in ["origin", "node", "roots", "steps", "accepted", "done"]:
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    for field in ["seqs", "step_scores", "scores", "step_nr"]:
+        assert torch.equal(getattr(got_state, field), getattr(want_state, field)), field
+    for w, g in zip(want_out, got_out, strict=True):
+        assert len(g) == len(w)
+        for a, b in zip(w[len(w) - len(g) :], g, strict=True):
+            if isinstance(a, str):
+                assert b == a
+                continue
+            assert b.seq.tolist() == a.seq.tolist()
+            assert float(b.score) == float(a.score)
+            assert torch.equal(b.step_scores, a.step_scores)

@@ -133,7 +133,7 @@ def test_switched_off_or_unbuildable_it_runs_in_python(monkeypatch, caplog, tmp_
     caplog.set_level(logging.WARNING, logger="specbeam.search.native")
 
     def no_compiler(*_args, **_kwargs):
-        raise RuntimeError("Error building extension 'specbeam_lean_layers'\nc++: not found")
+        raise RuntimeError("Error building extension 'specbeam_native'\nc++: not found")
 
     monkeypatch.setenv("SPECBEAM_NATIVE_DIR", str(tmp_path))  # nothing built there
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)

@@ -79,8 +79,8 @@ Tensor norm(const Tensor& x, const MaybeTensor& w, const MaybeTensor& b, double 
 // cross keys and values (S, K, H, D). `ints` holds, per layer, the six products' kinds,
 // the q/k/v widths and the head dim; `eps` the three norms' epsilons. Then the final
 // norm (weight, bias; eps last). Returns the final states, then the outputs of `taps`.
-constexpr size_t kTensorsPerLayer = 6 + 18 + 4;
-constexpr size_t kIntsPerLayer = 6 + 3 + 1;
+extern const size_t kTensorsPerLayer = 6 + 18 + 4;
+extern const size_t kIntsPerLayer = 6 + 3 + 1;
 
 std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
                            const std::vector<int64_t>& ints, const std::vector<double>& eps,
@@ -139,11 +139,4 @@ Tensor tree_bias(const Tensor& lens, int64_t width, int64_t k, const Tensor& hyp
   Tensor bias = at::zeros(mask.sizes(), mask.options().dtype(dtype));
   return bias.masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity())
       .unsqueeze(1);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode", &decode, "a pre-LN decoder's layers over one call's slots");
-  m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
-  m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;
-  m.attr("INTS_PER_LAYER") = kIntsPerLayer;
 }
