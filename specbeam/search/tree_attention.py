@@ -51,19 +51,18 @@ from specbeam.search.peak_cache import observe
 log = logging.getLogger(__name__)
 
 
-def tree_bias(
-    lens: Tensor, width: int, k: int, hyp: Tensor, visible: Tensor, dtype: torch.dtype
-) -> Tensor:
-    """Additive self-attention mask (S, 1, T, width·k + slots): slot t of source s sees the
-    cached prefix in column hyp[s, t] (positions < lens[s], columns interleaved
-    position-major as in the cache) and the slots `visible` (S, T, slots) says. Compiled
-    where `native` is built (the same ops)."""
+def tree_bias(lens: Tensor, k: int, column: Tensor, visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """Additive self-attention mask (S, 1, T, width·k + slots): slot t of source s sees
+    position c of the cached prefix in column column[s, t, c] (positions c < lens[s] of the
+    width, columns interleaved position-major as in the cache) and the slots `visible`
+    (S, T, slots) says. Compiled where `native` is built (the same ops)."""
     ext = native.module()
     if ext is not None:
-        return ext.tree_bias(lens, width, k, hyp, visible, dtype)
-    cached = torch.arange(width, device=hyp.device)[None, :] < lens[:, None]  # (S, W)
-    own = hyp[:, :, None] == torch.arange(k, device=hyp.device)  # (S, T, k)
-    prefix = cached[:, None, :, None] & own[:, :, None, :]  # (S, T, W, k)
+        return ext.tree_bias(lens, k, column, visible, dtype)
+    width = column.size(2)
+    cached = torch.arange(width, device=column.device)[None, :] < lens[:, None]  # (S, W)
+    own = column[..., None] == torch.arange(k, device=column.device)  # (S, T, W, k)
+    prefix = cached[:, None, :, None] & own
     mask = torch.cat([prefix.flatten(2), visible], dim=2)
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return bias.masked_fill_(~mask, -torch.inf)[:, None]
@@ -326,8 +325,8 @@ class TreeDecoder:
             raise ValueError("a draft head needs its parents' states; other decoders take none")
         cache = self.cache
         cache.reserve(tokens.size(1))
-        column = cache.columns.gather(1, hyp)  # where each slot's hypothesis keeps its prefix
-        self.bias.tensor = tree_bias(cache.lens, cache.width, cache.k, column, visible, self.dtype)
+        column = cache.prefix_columns(hyp)
+        self.bias.tensor = tree_bias(cache.lens, cache.k, column, visible, self.dtype)
         x = self.embed(tokens, positions)
         if self.head is not None:
             assert features is not None

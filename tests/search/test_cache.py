@@ -34,7 +34,7 @@ def labelled_cache(num_sources: int, k: int, lens: list[int], spec: int) -> Spec
 
 def entry(cache: SpeculativeKVCache, s: int, pos: int, hyp: int) -> tuple[int, ...]:
     """The label at position `pos` of hypothesis `hyp`'s column."""
-    return tuple(int(x) for x in cache.buf[0, 0, s, pos, int(cache.columns[s, hyp]), 0])
+    return tuple(int(x) for x in cache.buf[0, 0, s, pos, int(cache.columns[s, hyp, pos]), 0])
 
 
 def flat_entry(cache: SpeculativeKVCache, s: int, key: int) -> tuple[int, ...]:
@@ -272,19 +272,22 @@ def test_a_released_cache_lends_its_buffer_to_the_next() -> None:
     second.release()
 
 
-def test_commit_copies_a_prefix_only_where_a_hypothesis_branches() -> None:
-    """A permutation of hypotheses moves no prefix (the columns follow them); a
-    hypothesis with two children copies its prefix once, into the column of the one
-    that left none."""
+def test_commit_moves_no_prefix() -> None:
+    """A permutation or a branching hypothesis moves no cached key: the new hypotheses
+    take their origins' column maps, and each writes its accepted path into its own
+    column after the prefix."""
     cache = labelled_cache(1, 3, [4], 3)
     before = cache.buf.clone()
     keep = torch.zeros((1, 3, 3), dtype=torch.bool)
     keep[0, torch.arange(3), torch.arange(3)] = True  # new hypothesis i keeps slot i
     cache.commit(torch.tensor([[2, 0, 1]]), keep)
-    assert cache.columns.tolist() == [[2, 0, 1]]
+    assert cache.columns[0, :, :5].tolist() == [[2] * 4 + [0], [0] * 4 + [1], [1] * 4 + [2]]
     assert torch.equal(cache.buf[:, :, :, :4], before[:, :, :, :4])
-    prefix = cache.buf[0, 0, 0, :5, 0, 0].clone()  # hypothesis 1's 5 positions, column 0
     cache.commit(torch.tensor([[1, 1, 0]]), keep)  # hypothesis 1 branches; 2 leaves no child
-    assert cache.columns.tolist() == [[0, 1, 2]]
-    assert torch.equal(cache.buf[0, 0, 0, :5, 1, 0], prefix)  # copied into 2's old column
-    assert torch.equal(cache.buf[0, 0, 0, :5, 0, 0], prefix)  # the first child kept it in place
+    assert cache.columns[0, :, :6].tolist() == [
+        [0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+        [2, 2, 2, 2, 0, 2],
+    ]
+    assert torch.equal(cache.buf[:, :, :, :4], before[:, :, :, :4])
+    assert [entry(cache, 0, p, 0) for p in range(4)] == [(0, p, 0) for p in range(4)]

@@ -66,9 +66,8 @@ def test_native_layers_match_the_python_loop_bit_for_bit(
             for use_native, dec in zip((False, True), decoders, strict=True):
                 native.enable(use_native)
                 hidden = dec.forward(*table.query(0, table.size), packing=packing)
-                bias = tree_bias(
-                    dec.cache.lens, dec.cache.width, 2, table.hyp, table.visible, torch.float32
-                )
+                column = dec.cache.prefix_columns(table.hyp)
+                bias = tree_bias(dec.cache.lens, 2, column, table.visible, torch.float32)
                 results.append((hidden, dec.logits(hidden, packing), dec.features(hidden), bias))
             for want, got in zip(*results, strict=True):
                 assert torch.equal(want, got), (want - got).abs().max()

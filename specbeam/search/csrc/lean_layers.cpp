@@ -127,14 +127,14 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
   return out;
 }
 
-// TreeDecoder.forward's self-attention mask: query slot t of source s sees the cached
-// prefix in column hyp[s, t] (positions < lens[s]) and the slots `visible`
-// says it sees. Additive, (S, 1, T, width·k + slots).
-Tensor tree_bias(const Tensor& lens, int64_t width, int64_t k, const Tensor& hyp,
-                 const Tensor& visible, c10::ScalarType dtype) {
-  Tensor cached = at::arange(width, lens.options()).unsqueeze(0) < lens.unsqueeze(1);
-  Tensor own = hyp.unsqueeze(2) == at::arange(k, hyp.options());
-  Tensor prefix = cached.unsqueeze(1).unsqueeze(3) & own.unsqueeze(2);
+// TreeDecoder.forward's self-attention mask: query slot t of source s sees position c
+// of the cached prefix in column column[s, t, c] (positions < lens[s]) and the slots
+// `visible` says it sees. Additive, (S, 1, T, width·k + slots).
+Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
+                 c10::ScalarType dtype) {
+  Tensor cached = at::arange(column.size(2), lens.options()).unsqueeze(0) < lens.unsqueeze(1);
+  Tensor own = column.unsqueeze(3) == at::arange(k, column.options());
+  Tensor prefix = cached.unsqueeze(1).unsqueeze(3) & own;
   Tensor mask = at::cat({prefix.flatten(2), visible}, 2);
   Tensor bias = at::zeros(mask.sizes(), mask.options().dtype(dtype));
   return bias.masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity())

@@ -15,8 +15,8 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
                            int64_t num_layers, int64_t start, const Tensor& self_bias,
                            const MaybeTensor& cross_bias, const MaybeTensor& pack_index,
                            const std::vector<int64_t>& taps);
-Tensor tree_bias(const Tensor& lens, int64_t width, int64_t k, const Tensor& hyp,
-                 const Tensor& visible, c10::ScalarType dtype);
+Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
+                 c10::ScalarType dtype);
 std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
                            const Tensor& node_slots, const Tensor& tokens_in,
                            const Tensor& parents_in, const Tensor& valid_in,
