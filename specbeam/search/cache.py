@@ -70,6 +70,19 @@ class SpareBuffers:
 SPARES = SpareBuffers(limit_bytes=256 * 2**20)
 
 
+def surviving_rows(done: Tensor) -> Tensor:
+    """`keep` for `select_sources` when the sources `done` (S,) finish: survivors within the
+    first S' rows stay where they are, the ones beyond fill the finished rows' places. So
+    only those move (the caches copy moved rows only). Keeping the order moved every row
+    after the first finished one: lean plain beam 5 in batches of 16 spent 0.32 ms a step
+    in the target cache's `select_sources`, now 0.15-0.17 (Zen 4, 106 test verses)."""
+    alive = ~done
+    keep = torch.arange(int(alive.sum()), device=done.device)
+    num_alive = len(keep)
+    keep[done[:num_alive]] = alive[num_alive:].nonzero().squeeze(1) + num_alive
+    return keep
+
+
 @final
 class SpeculativeKVCache:
     def __init__(
@@ -237,14 +250,18 @@ class SpeculativeKVCache:
         return columns.gather(1, hyp[..., None].expand(-1, -1, self.width))
 
     def select_sources(self, keep: Tensor) -> None:
-        """Drops finished sources; `keep` (S',) indexes the surviving rows, in order.
+        """Drops finished sources; `keep` (S',) indexes the surviving rows (row i takes
+        row keep[i]; see `surviving_rows`).
 
-        The survivors' live positions move to the first rows in place, one layer's keys
-        or values at a time, and the buffer stays allocated until it next grows: in a
-        batch of 40, sources finish one after another, and copying the whole cache into
-        a new buffer each time took 17% of the decoding time (AMD EPYC Zen 3)."""
-        for part in self._parts()[:, :, : self._positions(0)]:
-            part[: len(keep)] = part.index_select(0, keep)
+        The moved rows' live positions are copied in place, one layer's keys or values at
+        a time, and the buffer stays allocated until it next grows: in a batch of 40,
+        sources finish one after another, and copying the whole cache into a new buffer
+        each time took 17% of the decoding time (AMD EPYC Zen 3)."""
+        moved = (keep != torch.arange(len(keep), device=keep.device)).nonzero().squeeze(1)
+        if len(moved):
+            src = keep.index_select(0, moved)
+            for part in self._parts()[:, :, : self._positions(0)]:
+                part[moved] = part.index_select(0, src)
         self.buf = self.buf[:, :, : len(keep)]
         self.lens = self.lens.index_select(0, keep)
         self.columns = self.columns.index_select(0, keep)

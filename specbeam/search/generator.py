@@ -38,6 +38,7 @@ from typing_extensions import override
 from specbeam.search import onednn
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
+from specbeam.search.cache import surviving_rows
 from specbeam.search.draft import Drafter, DraftShape, DraftStrategy
 from specbeam.search.head import DraftHead
 from specbeam.search.memory import (
@@ -489,7 +490,7 @@ class _Op:
             chains = acceptance.roots[..., None]
             chain_len = torch.ones(len(chains), dtype=torch.int64)
             if acceptance.done.any():
-                keep = (~acceptance.done).nonzero().squeeze(1)
+                keep = surviving_rows(acceptance.done)
                 state.select_sources(keep)
                 self.verifier.decoder.select_sources(keep)
                 if self.drafter is not None:

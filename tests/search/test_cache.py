@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 from torch.nn.functional import log_softmax
 
 from specbeam.apps.data import pad
-from specbeam.search.cache import CrossAttentionState, SpareBuffers, SpeculativeKVCache
+from specbeam.search.cache import (
+    CrossAttentionState,
+    SpareBuffers,
+    SpeculativeKVCache,
+    surviving_rows,
+)
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
 from tests.conftest import sources
 
@@ -291,3 +296,24 @@ def test_commit_moves_no_prefix() -> None:
     ]
     assert torch.equal(cache.buf[:, :, :, :4], before[:, :, :, :4])
     assert [entry(cache, 0, p, 0) for p in range(4)] == [(0, p, 0) for p in range(4)]
+
+
+@pytest.mark.parametrize(
+    "done",
+    [[0, 1, 0, 0, 1], [1, 1, 0, 0, 0], [0, 0, 0, 1, 1], [1, 0, 1, 0, 1], [0, 0, 0, 0, 0]],
+)
+def test_finished_sources_leave_holes_that_the_last_survivors_fill(done) -> None:
+    """Survivors within the first S' rows stay; only the ones beyond move, into the
+    finished rows' places, and the cache copies just those rows."""
+    done = torch.tensor(done, dtype=torch.bool)
+    keep = surviving_rows(done)
+    alive = (~done).nonzero().squeeze(1).tolist()
+    assert sorted(keep.tolist()) == alive
+    assert all(keep[i] == i for i in range(len(keep)) if i in alive)
+    cache = labelled_cache(5, 2, [3, 2, 4, 1, 3], 2)
+    before = cache.buf.clone()
+    lens = cache.lens.clone()
+    cache.select_sources(keep)
+    assert cache.lens.tolist() == lens[keep].tolist()
+    for i, s in enumerate(keep.tolist()):
+        assert torch.equal(cache.buf[:, :, i, : int(lens[s])], before[:, :, s, : int(lens[s])])
