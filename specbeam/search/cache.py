@@ -211,7 +211,7 @@ class SpeculativeKVCache:
         s_idx, i_idx, slot = keep.nonzero(as_tuple=True)
         # (layers, 2, n, H, D): read the accepted slots before anything is overwritten.
         accepted = flat[:, :, s_idx, width * k + slot]
-        self._reorder_prefixes(origin)
+        self._inherit_columns(origin)
         # Rank of each kept slot within its hypothesis = its offset after the prefix.
         rank = keep.long().cumsum(-1)[s_idx, i_idx, slot] - 1
         self.buf[:, :, s_idx, self.lens[s_idx] + rank, i_idx] = accepted
@@ -229,13 +229,13 @@ class SpeculativeKVCache:
         rows = torch.arange(len(self.lens), device=origin.device)[:, None]
         # (layers, 2, S, k, H, D): read the roots before anything is overwritten.
         accepted = self.flat()[:, :, rows, self.width * k + slot]
-        self._reorder_prefixes(origin)
+        self._inherit_columns(origin)
         self.buf[:, :, rows, self.lens[:, None], torch.arange(k, device=origin.device)] = accepted
         self.lens = self.lens + 1
         self.width = int(self.lens.max())
         self.spec_len = 0
 
-    def _reorder_prefixes(self, origin: Tensor) -> None:
+    def _inherit_columns(self, origin: Tensor) -> None:
         """Hypothesis i of source s takes the column map of hypothesis origin[s, i], and
         its own column from the prefix's end on."""
         num_sources, k, capacity = self.columns.shape

@@ -12,8 +12,7 @@ The extension is built by torch's `cpp_extension` on first use (about a minute, 
 `~/.cache/specbeam/native/<hash of sources, torch and Python>` or `$SPECBEAM_NATIVE_DIR`);
 `scripts/setup.sh` builds it (`python -m specbeam.build_native`). Where it cannot be
 built the decoder runs its layers, and acceptance its replay, in Python, and the log says
-why. `hardware.native=false`
-switches it off.
+why. `hardware.native=false` switches it off.
 """
 
 from __future__ import annotations
@@ -44,9 +43,9 @@ if TYPE_CHECKING:  # the cache calls this module
 
 log = logging.getLogger(__name__)
 
-SOURCES = [
-    Path(__file__).parent / "csrc" / f"{name}.cpp" for name in ("module", "lean_layers", "accept")
-]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / f"{name}.cpp" for name in ("module", "lean_layers", "accept")]
+HEADERS = [CSRC / "native.h"]
 _enabled = True
 
 
@@ -60,10 +59,10 @@ NAME = "specbeam_native"
 
 
 def build_dir() -> Path:
-    """Where the extension is built: one directory per source, torch and Python version,
-    so that a cached build is never stale."""
+    """Where the extension is built: one directory per set of sources (headers included),
+    torch and Python version, so that a cached build is never stale."""
     key = hashlib.sha256(
-        b"".join(source.read_bytes() for source in SOURCES)
+        b"".join(path.read_bytes() for path in SOURCES + HEADERS)
         + f"{torch.__version__} {sys.version}".encode()
     ).hexdigest()[:16]
     root = os.environ.get("SPECBEAM_NATIVE_DIR") or Path.home() / ".cache" / "specbeam" / "native"

@@ -5,13 +5,10 @@
 // (so the same log-probs and the same top-2k, ties included); the bookkeeping on
 // (S, k) arrays, ~150 numpy calls a pass at beam 5 and γ 2, becomes loops over a few
 // dozen numbers.
-#include <torch/extension.h>
+#include "native.h"
 
 #include <algorithm>
 #include <limits>
-#include <vector>
-
-using torch::Tensor;
 
 namespace {
 
@@ -121,20 +118,13 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
     int64_t* at = at_slot.data_ptr<int64_t>();
     float* b = base.data_ptr<float>();
     std::vector<int64_t> row_step(num_sources * h);
-    bool some_off = false;
     for (int64_t s = 0; s < num_sources; ++s) {
       for (int64_t i = 0; i < h; ++i) {
         const int64_t r = row[s * h + i];
-        some_off |= r < 0;
-        at[s * h + i] = s * num_slots + slot_of(s, std::max<int64_t>(r, 0));  // -1: masked
-        row_step[s * h + i] = position[s][at[s * h + i] - s * num_slots] + 1;
-        b[s * h + i] = score[s * h + i];
-      }
-    }
-    some_off &= j > 0;
-    if (some_off) {
-      for (int64_t r = 0; r < num_sources * h; ++r) {
-        if (row[r] < 0) b[r] = -kInf;
+        const int64_t slot = slot_of(s, std::max<int64_t>(r, 0));  // r -1 reads some row
+        at[s * h + i] = s * num_slots + slot;
+        row_step[s * h + i] = position[s][slot] + 1;
+        b[s * h + i] = r < 0 ? -kInf : score[s * h + i];  // off the tree: no candidates
       }
     }
     Tensor lprobs = rules.scored(logits.index_select(0, at_slot), row_step);
@@ -161,19 +151,17 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
           if ((index_s[r] % vocab == rules.eos) == (eos_pass == 1)) keep[kept++] = r;
         }
       }
-      if (some_off) {
-        // Off-tree hypotheses' children score at most their parent: out of reach if
-        // below the k-th non-EOS candidate.
-        float reach = -kInf;
-        bool any_off = false;
-        for (int64_t i = 0; i < h; ++i) {
-          if (row[s * h + i] < 0) {
-            any_off = true;
-            reach = std::max(reach, score[s * h + i]);
-          }
+      // Off-tree hypotheses' children score at most their parent: out of reach if below
+      // the k-th non-EOS candidate.
+      float reach = -kInf;
+      bool any_off = false;
+      for (int64_t i = 0; i < h; ++i) {
+        if (row[s * h + i] < 0) {
+          any_off = true;
+          reach = std::max(reach, score[s * h + i]);
         }
-        if (any_off && !(reach < top_s[keep[k - 1]])) active[s] = 0;
       }
+      if (any_off && !(reach < top_s[keep[k - 1]])) active[s] = 0;
       const bool was_active = active[s];
       if (was_active) {
         for (int64_t r = 0; r < std::min(k, m); ++r) {

@@ -3,17 +3,12 @@
 // decoder call instead of ~30 Python-dispatched ops per layer: on a 2-core CPU a call
 // streams the weights through the caches, and every small op after a product then pays
 // for an evicted interpreter (specbeam/search/native.py has the measurements).
-#include <torch/extension.h>
+#include "native.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <limits>
-#include <optional>
 #include <string>
-#include <vector>
-
-using torch::Tensor;
-using MaybeTensor = std::optional<Tensor>;
 
 namespace {
 

@@ -1,29 +1,6 @@
 // The extension's Python bindings: the lean decoder's layers (lean_layers.cpp) and exact
 // acceptance's replay (accept.cpp).
-#include <torch/extension.h>
-
-#include <optional>
-#include <vector>
-
-using torch::Tensor;
-using MaybeTensor = std::optional<Tensor>;
-
-extern const size_t kTensorsPerLayer, kIntsPerLayer;
-
-std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
-                           const std::vector<int64_t>& ints, const std::vector<double>& eps,
-                           int64_t num_layers, int64_t start, const Tensor& self_bias,
-                           const MaybeTensor& cross_bias, const MaybeTensor& pack_index,
-                           const std::vector<int64_t>& taps);
-Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
-                 c10::ScalarType dtype);
-std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
-                           const Tensor& node_slots, const Tensor& tokens_in,
-                           const Tensor& parents_in, const Tensor& valid_in,
-                           const Tensor& positions, const Tensor& scores_in, const Tensor& seqs,
-                           const Tensor& step_scores, const Tensor& step_nr_in,
-                           const Tensor& finished, int64_t k, const std::vector<int64_t>& ints,
-                           const std::vector<double>& doubles, bool bounded);
+#include "native.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "a pre-LN decoder's layers over one call's slots");

@@ -1,0 +1,29 @@
+// The extension's functions, declared once: defined in lean_layers.cpp and accept.cpp,
+// bound in module.cpp.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+using torch::Tensor;
+using MaybeTensor = std::optional<Tensor>;
+
+// Per layer, the tensors and ints `decode` reads (lean_layers.cpp says which).
+extern const size_t kTensorsPerLayer, kIntsPerLayer;
+
+std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
+                           const std::vector<int64_t>& ints, const std::vector<double>& eps,
+                           int64_t num_layers, int64_t start, const Tensor& self_bias,
+                           const MaybeTensor& cross_bias, const MaybeTensor& pack_index,
+                           const std::vector<int64_t>& taps);
+Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
+                 c10::ScalarType dtype);
+std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
+                           const Tensor& node_slots, const Tensor& tokens_in,
+                           const Tensor& parents_in, const Tensor& valid_in,
+                           const Tensor& positions, const Tensor& scores_in, const Tensor& seqs,
+                           const Tensor& step_scores, const Tensor& step_nr_in,
+                           const Tensor& finished, int64_t k, const std::vector<int64_t>& ints,
+                           const std::vector<double>& doubles, bool bounded);
