@@ -7,9 +7,11 @@
     .venv/bin/python scripts/bench.py --draft ~/.cache/specbeam/head/best.pt   # another draft
 
 Every comparison runs both methods on the same batches with the same models and threads
-(`specbeam.apps.compare.run_side_by_side`). Efficiency is the measured speedup over the one
-`specbeam.calibrate`'s cost model predicts from the run's own τ and pass profile. Writes
-bench.md, bench.json and bench.png to the output directory.
+(`specbeam.apps.compare.run_side_by_side`). Efficiency is the measured speculation gain over
+the one the planner's cost model predicts from the run's τ and trees: decoder calls timed
+in this run, the steps and the work a pass does beside its calls calibrated on dev
+sentences first (`specbeam.calibrate.fit_costs`). Writes bench.md, bench.json and
+bench.png to the output directory.
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ from specbeam.apps.calibrate import (
     CostModel,
     CountingGenerator,
     PassProfile,
-    fit_linear,
+    fit_costs,
     measure_call_costs,
     predict_speedup,
-    step_ms,
 )
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
@@ -80,12 +81,14 @@ class BenchSettings:
     threads: int | None = None  # None: the hardware config's
     max_gen_len: tuple[float, int] | None = None  # None: the decoding configs'
     file_lines: int = 0  # test verses of the whole-process translate runs; 0: none
+    calibration: int = 10  # dev sentences that calibrate the cost model's work beside the calls
 
 
 # Tiny models lose time to a second thread on a busy machine; short outputs keep CI fast.
 QUICK = BenchSettings(
-    limit=4, slot_counts=(1, 5, 10, 25), repeats=3, threads=1, max_gen_len=(0.5, 4)
-)
+    limit=4, slot_counts=(1, 5, 10, 25), repeats=3, threads=1, max_gen_len=(0.5, 4),
+    calibration=2,
+)  # fmt: skip
 # 212 of the 1,481 test verses, from every book: the six methods at batch 1 and two at
 # batch 16 take about a quarter of an hour on two cores.
 FULL = BenchSettings(
@@ -265,7 +268,7 @@ def file_runs(
 
 
 def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]:
-    stages = tqdm(total=5, desc="bench", unit="stage", file=sys.stderr)
+    stages = tqdm(total=6, desc="bench", unit="stage", file=sys.stderr)
     if settings.threads is not None:
         cfg.hardware.threads = settings.threads
     models = Models.load(cfg)
@@ -299,6 +302,16 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
         prefix_len=settings.prefix_len, slot_counts=settings.slot_counts, repeats=settings.repeats,
         lean_draft=spec.lean_draft, lean_target=spec.lean_target,
     )  # fmt: skip
+    # The cost model's steps and work beside the calls, calibrated on dev sentences as
+    # `specbeam.calibrate` does, so that the test verses' speculation gain is predicted,
+    # not fitted.
+    dev = [p.source for p in cfg.task.split("dev")[: settings.calibration]]
+    dev_runs = [method(n) for n in ("beam", "beam_lean", "spec_beam_always")]
+    run_side_by_side(
+        dev_runs, tokenizer, dev, cfg.task.src_lang, cfg.task.tgt_lang,
+        batch_size=1, desc="calibration (dev)",
+    )  # fmt: skip
+    calibrated = fit_costs(points, dev_runs[0], dev_runs[1], dev_runs[2:])
     stages.update()
     single = {n: method(n) for n in decodings}
     run_side_by_side(
@@ -321,13 +334,13 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     stages.update()
     stages.close()
 
-    fits = {m: fit_linear(list(ms), list(ms.values())) for m, ms in points.items()}
-    cost = CostModel(fits["target"], fits["draft"], step_ms(single["beam"]), points)
     always = single["spec_beam_always"]
+    cost = fit_costs(points, single["beam"], single["beam_lean"], [always])  # of this run
     profile = PassProfile.of(always.stats)
-    lean_step = 1000 * single["beam_lean"].total_seconds / max(single["beam"].generator.calls, 1)
-    # Speculation against the plain search it replaces: specbeam's lean one.
-    predicted = predict_speedup(dataclasses.replace(cost, step_ms=lean_step), profile)
+    lean_step = cost.lean_step_ms
+    # Speculation against the plain search it replaces (specbeam's lean one), priced as
+    # the planner prices it, from the calibration and this run's τ and trees.
+    predicted = predict_speedup(calibrated, spec.beam_size, profile)
     beam, lean, planned = single["beam"], single["beam_lean"], single["spec_beam"]
     k = spec.beam_size
     sent_s = {m: len(sources) / r.total_seconds for m, r in batched.items()}
@@ -372,7 +385,8 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     record = {
         "model": cfg.model.name, "hardware": dataclasses.asdict(cfg.hardware),
         "sentences": len(sources), "decodings": {n: dataclasses.asdict(d) for n, d in decodings.items()},
-        "cost_model": dataclasses.asdict(cost), "pass_profile": dataclasses.asdict(profile),
+        "cost_model": dataclasses.asdict(cost), "calibrated_costs": dataclasses.asdict(calibrated),
+        "pass_profile": dataclasses.asdict(profile),
         "lean_plain_step_ms": lean_step, "pass_breakdown": breakdown,
         "plain_step_overhead_ms": lean_step - cost.verify.ms(k),
         "accept_ms_per_source_pass": 1000 * always.stats.seconds["accept"] / max(always.stats.source_passes, 1),

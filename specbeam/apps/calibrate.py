@@ -4,15 +4,17 @@
     python -m specbeam.calibrate model=tiny_random name=test 'gammas=[2,4]' sample=3
 
 Measures the target's verification cost per call as a line in its query slots, the
-draft's per call the same way, and plain beam search's cost per step; runs the
-speculative decoding for a grid of γ × draft width on a dev sample for τ and the slots,
-draft calls and acceptance time of a pass; and predicts
+draft's per call the same way, and the cost per step of fairseq2's beam search and of
+specbeam's own plain search; runs the speculative decoding for a grid of γ × draft width
+on a dev sample for τ, the slots and draft calls of a pass, and the work a pass does
+beside its calls; and predicts, as the planner (`specbeam.search.planner`) does,
 
-    speedup = τ · step_ms / (verify_ms(slots per pass) + draft calls per pass · draft_ms + accept_ms)
+    speedup = τ · lean_step_ms / (verify_ms(slots) + draft calls · draft_ms(nodes) + beside_ms)
 
-The cell with the best measured speedup (every cell and plain beam search decode the
-same sentences, interleaved) is written as `tuned` settings of a hardware config; the
-prediction is printed beside it to show why, and where the cost model is off.
+against specbeam's plain search, which the planner falls back to. The cell with the best
+measured speedup (every cell and both plain searches decode the same sentences,
+interleaved) is written as `tuned` settings of a hardware config, with the planner's
+`costs`; the prediction is printed beside it to show why, and where the cost model is off.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, load_pair
-from specbeam.search.planner import LinearCost
+from specbeam.search.planner import LinearCost, PassShape, PlanCosts
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
 
@@ -66,8 +68,16 @@ def fit_linear(slots: Sequence[float], ms: Sequence[float]) -> LinearCost:
 class CostModel:
     verify: LinearCost  # one target decoder call (fp32) over all slots of a pass
     draft: LinearCost  # one draft decoder call at the hardware's draft dtype
-    step_ms: float  # plain beam search, per target decoder call (encoding amortised)
+    step_ms: float  # fairseq2's plain beam search, per target decoder call (encoding amortised)
+    lean_step_ms: float = 0.0  # specbeam's plain search (the planner's fallback), likewise
+    beside_ms: float = 0.0  # a speculative pass's work beside its decoder calls
     points: dict[str, dict[int, float]] = field(default_factory=dict)  # model -> T -> ms
+
+    def plan_costs(self, beam_size: int) -> PlanCosts:
+        """The planner's costs: a plain step is the lean one, a pass its calls plus the
+        work beside them."""
+        plain_beside = self.lean_step_ms - self.verify.ms(beam_size)
+        return PlanCosts(self.verify, self.draft, self.beside_ms, plain_beside)
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,7 @@ class PassProfile:
     slots: float  # verified query tokens
     draft_calls: float
     draft_slots: float  # query tokens per draft call (drafted nodes per call)
-    accept_ms: float
+    accept_ms: float  # acceptance and cache commits, measured
 
     @classmethod
     def of(cls, stats: SpecStats) -> PassProfile:
@@ -91,10 +101,42 @@ class PassProfile:
             accept_ms=1000 * (stats.seconds["accept"] + stats.seconds["commit"]) / passes,
         )
 
+    @property
+    def shape(self) -> PassShape:
+        return PassShape(self.tau, self.slots, self.draft_calls, self.draft_slots)
 
-def predict_speedup(cost: CostModel, p: PassProfile) -> float:
-    pass_ms = cost.verify.ms(p.slots) + p.draft_calls * cost.draft.ms(p.draft_slots) + p.accept_ms
-    return p.tau * cost.step_ms / pass_ms
+
+def beside_calls_ms(verify: LinearCost, draft: LinearCost, run: MethodRun) -> float:
+    """Ms per pass of a batch-1 speculative run beyond its decoder calls as the fitted
+    lines price them: acceptance, commits, slot tables, masks, the loop, the encoder."""
+    p = PassProfile.of(run.stats)
+    pass_ms = 1000 * run.total_seconds / max(run.stats.target_passes, 1)
+    return pass_ms - verify.ms(p.slots) - p.draft_calls * draft.ms(p.draft_slots)
+
+
+def fit_costs(
+    points: dict[str, dict[int, float]],
+    fairseq2: MethodRun,
+    lean: MethodRun,
+    speculative: Sequence[MethodRun],
+) -> CostModel:
+    """The cost model of timed calls (`measure_call_costs`) and of batch-1 runs over the
+    same sentences: fairseq2's beam search (a `CountingGenerator`), specbeam's plain one
+    (same output, so as many steps), and speculative runs, whose median work beside the
+    calls prices every pass."""
+    fits = {m: fit_linear(list(ms), list(ms.values())) for m, ms in points.items()}
+    verify, draft = fits["target"], fits["draft"]
+    assert isinstance(fairseq2.generator, CountingGenerator)
+    steps = max(fairseq2.generator.calls, 1)
+    beside = statistics.median(beside_calls_ms(verify, draft, r) for r in speculative)
+    return CostModel(
+        verify, draft, step_ms(fairseq2), 1000 * lean.total_seconds / steps, beside, points
+    )
+
+
+def predict_speedup(cost: CostModel, beam_size: int, p: PassProfile) -> float:
+    """Speculation over specbeam's plain search, as the planner prices it."""
+    return cost.plan_costs(beam_size).speedup(beam_size, p.shape)
 
 
 @final
@@ -257,8 +299,10 @@ class GridRow:
     gamma: int
     draft_width: int
     profile: PassProfile
-    predicted: float
-    measured: float  # beam seconds ÷ this setting's seconds, same sentences, interleaved
+    beside_ms: float  # per pass, beyond the calls
+    predicted: float  # over specbeam's plain search, by the cost model
+    measured: float  # specbeam's plain search's seconds ÷ this setting's (same sentences)
+    vs_fairseq2: float  # fairseq2's beam search's seconds ÷ this setting's
 
 
 def run_grid(
@@ -278,10 +322,14 @@ def run_grid(
         slot_counts=cfg.slot_counts, repeats=cfg.repeats, lean_draft=decoding.lean_draft,
         lean_target=decoding.lean_target,
     )  # fmt: skip
-    base = dataclasses.replace(load_decoding("beam"), beam_size=decoding.beam_size)
-    budget = cfg.hardware.memory_budget_bytes
-    counting = CountingGenerator(make_generator(base, target, None, tokenizer.vocab_info))
-    baseline = MethodRun("beam", counting)
+    k, budget = decoding.beam_size, cfg.hardware.memory_budget_bytes
+
+    def plain(name: str) -> Seq2SeqGenerator:
+        config = dataclasses.replace(load_decoding(name), beam_size=k)
+        return make_generator(config, target, None, tokenizer.vocab_info)
+
+    baseline = MethodRun("beam", CountingGenerator(plain("beam")))
+    lean = MethodRun("beam_lean", plain("beam_lean"))
     settings = [(g, w) for g in cfg.gammas for w in cfg.draft_widths]
     runs = [
         MethodRun(
@@ -297,16 +345,18 @@ def run_grid(
         for g, w in settings
     ]
     run_side_by_side(
-        [baseline, *runs], tokenizer, sources, cfg.task.src_lang, cfg.task.tgt_lang,
-        batch_size=1, desc="τ grid",
+        [baseline, lean, *runs], tokenizer, sources, cfg.task.src_lang,
+        cfg.task.tgt_lang, batch_size=1, desc="τ grid",
     )  # fmt: skip
-    fits = {m: fit_linear(list(ms), list(ms.values())) for m, ms in points.items()}
-    cost = CostModel(fits["target"], fits["draft"], step_ms(baseline), points)
+    cost = fit_costs(points, baseline, lean, runs)
     rows = []
     for (gamma, width), run in zip(settings, runs, strict=True):
         profile = PassProfile.of(run.stats)
-        speedup = baseline.total_seconds / run.total_seconds
-        rows.append(GridRow(gamma, width, profile, predict_speedup(cost, profile), speedup))
+        rows.append(GridRow(
+            gamma, width, profile, beside_calls_ms(cost.verify, cost.draft, run),
+            predict_speedup(cost, k, profile), lean.total_seconds / run.total_seconds,
+            baseline.total_seconds / run.total_seconds,
+        ))  # fmt: skip
     return cost, rows
 
 
@@ -321,39 +371,55 @@ def describe(cost: CostModel, hardware: HardwareConfig, beam_size: int) -> str:
         f"cost model (threads={hardware.threads}; ms per call over T query slots):\n"
         f"  {'verify (target, fp32)':<24}{verify:<18}measured T: ms = {measured['target']}\n"
         f"  {f'draft ({hardware.draft_dtype})':<24}{draft:<18}measured T: ms = {measured['draft']}\n"
-        f"  {f'plain beam {beam_size} step':<24}{cost.step_ms:.2f} per target decoder call"
+        f"  {f'plain beam {beam_size} step':<24}{cost.step_ms:.2f} fairseq2, {cost.lean_step_ms:.2f} "
+        f"specbeam (lean), per target decoder call\n"
+        f"  {'beside the calls':<24}{cost.beside_ms:.2f} per speculative pass (median of the grid)"
     )
 
 
 def grid_table(rows: list[GridRow]) -> str:
     head = (
-        "| γ | width | τ | slots/pass | draft calls/pass | accept ms/pass | predicted | measured |"
+        "| γ | width | τ | slots/pass | draft calls/pass | accept ms/pass | beside ms/pass "
+        "| predicted | measured | vs fairseq2 |"
     )
-    lines = [head, "|" + "---|" * 8]
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         p = r.profile
         lines.append(
             f"| {r.gamma} | {r.draft_width} | {p.tau:.2f} | {p.slots:.1f} | {p.draft_calls:.1f} | "
-            f"{p.accept_ms:.2f} | {r.predicted:.2f}× | {r.measured:.2f}× |"
+            f"{p.accept_ms:.2f} | {r.beside_ms:.2f} | {r.predicted:.2f}× | {r.measured:.2f}× "
+            f"| {r.vs_fairseq2:.2f}× |"
         )
     return "\n".join(lines)
 
 
-def write_hardware(cfg: CalibrateConfig, decoding: str, best: GridRow, cost: CostModel) -> Path:
+def write_hardware(
+    cfg: CalibrateConfig, decoding: str, k: int, best: GridRow, cost: CostModel
+) -> Path:
+    plan = cost.plan_costs(k)
+    tuned = {**cfg.hardware.tuned.get(decoding, {}), "gamma": best.gamma,
+             "draft_width": best.draft_width, "plan_tau": round(best.profile.tau, 2)}  # fmt: skip
+    costs = {
+        "target": [round(plan.target.a, 3), round(plan.target.b, 4)],
+        "draft": [round(plan.draft.a, 3), round(plan.draft.b, 4)],
+        "accept_ms": round(plan.accept_ms, 3),
+        "plain_step_ms": round(plan.plain_step_ms, 3),
+    }
     hw = dataclasses.replace(
-        cfg.hardware,
-        name=cfg.name,
-        tuned={**cfg.hardware.tuned, decoding: {"gamma": best.gamma, "draft_width": best.draft_width}},
-    )  # fmt: skip
+        cfg.hardware, name=cfg.name, costs=costs, tuned={**cfg.hardware.tuned, decoding: tuned}
+    )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
         f"# model={cfg.model.name}, threads={hw.threads}, draft {hw.draft_dtype}, "
         f"{cfg.sample} {cfg.split} sentences at batch 1, medians of {cfg.repeats} timed calls.",
         f"# target call = {cost.verify.a:.2f} + {cost.verify.b:.3f}·T ms, draft call = "
-        f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T ms, beam step = {cost.step_ms:.2f} ms.",
+        f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T ms, beam {k} step = {cost.step_ms:.2f} ms "
+        f"(fairseq2), {cost.lean_step_ms:.2f} ms (specbeam's, lean); {cost.beside_ms:.2f} ms per "
+        f"speculative pass beside its calls. `costs` are {decoding}'s.",
         f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.profile.tau:.2f}, "
-        f"predicted {best.predicted:.2f}×, measured {best.measured:.2f}×.",
+        f"over specbeam's plain search predicted {best.predicted:.2f}×, measured "
+        f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
     ]
     path = Path(cfg.hardware_dir)
     path = (path if path.is_absolute() else REPO_ROOT / path) / f"{cfg.name}.yaml"
@@ -383,13 +449,14 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     with torch.inference_mode():
         cost, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
     best = max(rows, key=lambda r: r.measured)
-    path = write_hardware(cfg, cfg.method, best, cost)
+    path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cost)
     print(describe(cost, cfg.hardware, decoding.beam_size))
     print(f"\n{cfg.method} on {len(sources)} {cfg.split} sentences, batch 1:\n")
     print(grid_table(rows))
     print(
         f"\nbest measured: gamma={best.gamma} draft_width={best.draft_width} "
-        f"({best.measured:.2f}×, predicted {best.predicted:.2f}×)\n"
+        f"({best.measured:.2f}× specbeam's plain search, predicted {best.predicted:.2f}×; "
+        f"{best.vs_fairseq2:.2f}× fairseq2's)\n"
         f"wrote {path} (use: hardware={cfg.name})"
     )
     return path

@@ -36,8 +36,24 @@ class PlanCosts:
 
     target: LinearCost  # one target call over T query tokens of the whole batch
     draft: LinearCost  # one draft call likewise
-    accept_ms: float  # acceptance and cache commits of one speculative pass, per source
+    accept_ms: float  # a speculative pass's work beside its calls (acceptance, commits, tables), per source
     plain_step_ms: float  # the plain search's own work per step beside its target call
+
+    def pass_ms(
+        self, speculative: bool, beam_size: int, num_sources: float, shape: PassShape
+    ) -> float:
+        """Predicted ms of one pass over `num_sources` live sources: a plain step, or a
+        speculative pass of `shape`."""
+        s = num_sources
+        if not speculative:
+            return self.target.ms(s * beam_size) + self.plain_step_ms
+        drafting = shape.draft_calls * self.draft.ms(s * shape.draft_slots)
+        return self.target.ms(s * shape.slots) + drafting + s * self.accept_ms
+
+    def speedup(self, beam_size: int, shape: PassShape, num_sources: float = 1) -> float:
+        """Plain ms per step ÷ speculative ms per step, as calibrated."""
+        plain = self.pass_ms(False, beam_size, num_sources, shape)
+        return shape.tau * plain / self.pass_ms(True, beam_size, num_sources, shape)
 
 
 @dataclass
@@ -115,11 +131,7 @@ class Planner:
     ) -> float:
         """Predicted ms of one pass over `num_sources` live sources, as calibrated, of the
         running shape or of `shape`."""
-        c, p, s = self.costs, shape or self.shape, num_sources
-        if not speculative:
-            return c.target.ms(s * self.k) + c.plain_step_ms
-        spec = c.target.ms(s * p.slots) + p.draft_calls * c.draft.ms(s * p.draft_slots)
-        return spec + s * c.accept_ms
+        return self.costs.pass_ms(speculative, self.k, num_sources, shape or self.shape)
 
     def _factor(self, speculative: bool) -> float:
         """A kind not timed yet is taken to be as far off as the other (a slower machine

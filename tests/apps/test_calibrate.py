@@ -38,11 +38,16 @@ def test_fit_recovers_line_from_noisy_timings() -> None:
     assert fit.a == pytest.approx(3.0, abs=0.1) and fit.b == pytest.approx(0.2, abs=0.005)
 
 
-def test_predicted_speedup_is_steps_saved_over_pass_cost() -> None:
-    cost = CostModel(verify=LinearCost(5.0, 0.1), draft=LinearCost(1.0, 0.1), step_ms=10.0)
+def test_predicted_speedup_is_lean_steps_saved_over_pass_cost() -> None:
+    """Against specbeam's plain search (the planner's fallback), not fairseq2's; a pass is
+    its calls plus the calibrated work beside them, not the acceptance a run measured."""
+    cost = CostModel(verify=LinearCost(5.0, 0.1), draft=LinearCost(1.0, 0.1), step_ms=30.0,
+                     lean_step_ms=10.0, beside_ms=2.0)  # fmt: skip
     profile = PassProfile(tau=4.0, slots=20.0, draft_calls=4.0, draft_slots=5.0, accept_ms=1.0)
-    # 4 steps × 10 ms over (5 + 2) + 4 × (1 + 0.5) + 1 ms
-    assert predict_speedup(cost, profile) == pytest.approx(40 / 14)
+    # 4 steps × 10 ms over (5 + 2) + 4 × (1 + 0.5) + 2 ms
+    assert predict_speedup(cost, 5, profile) == pytest.approx(40 / 15)
+    plan = cost.plan_costs(5)
+    assert plan.plain_step_ms == pytest.approx(10.0 - 5.5) and plan.accept_ms == 2.0
 
 
 @torch.inference_mode()
@@ -71,6 +76,7 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     assert "verify (target, fp32)" in printed and "| γ | width | τ |" in printed
     assert printed.count("| 2 | 5 |") + printed.count("| 3 | 6 |") == 2
     assert path.read_text().startswith("# Written by `python -m specbeam.calibrate`")
+    assert "beside the calls" in printed and "| beside ms/pass |" in printed
 
     loaded = compose_config(
         "evaluate", ["hardware=cal_test", f"hydra.searchpath=[file://{tmp_path}]"]
@@ -82,6 +88,12 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     )  # fmt: skip
     tuned = hw.tune(load_decoding("spec_beam"))
     assert tuned.gamma in (2, 3) and tuned.draft_width in (5, 6)
+    assert tuned.gamma_bounds == [1, 4]  # hardware=cpu's other tuned settings are kept
+    # The planner runs on the costs calibration measured, τ as the best cell saw it.
+    planner = hw.planner(tuned)
+    assert planner is not None and planner.shape.tau == tuned.plan_tau > 0
+    assert hw.costs["target"] != load_hardware("cpu").costs["target"]
+    assert planner.costs.target == LinearCost(*hw.costs["target"])
     assert hw.tune(load_decoding("spec_sample")) == load_decoding("spec_sample")  # not tuned
 
 
