@@ -20,6 +20,7 @@ interleaved) is written as `tuned` settings of a hardware config, with the plann
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import statistics
 import sys
@@ -56,6 +57,8 @@ from specbeam.integration.models import Draft, ModelPairConfig, load_pair
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
+
+log = logging.getLogger("specbeam.calibrate")
 
 
 def fit_linear(slots: Sequence[float], ms: Sequence[float]) -> LinearCost:
@@ -405,6 +408,17 @@ def write_hardware(
         "accept_ms": round(plan.accept_ms, 3),
         "plain_step_ms": round(plan.plain_step_ms, 3),
     }
+    kept = ""
+    if plan.accept_ms < 0 or plan.plain_step_ms < 0:
+        # The runs were faster than their timed calls: the machine's speed changed between
+        # the two (a shared host), and such costs would misprice every batch.
+        kept = (
+            f"costs not written (the runs took less than their timed calls: {plan.accept_ms:.2f} "
+            f"ms per pass and {plan.plain_step_ms:.2f} ms per plain step beside them; the "
+            f"machine's speed changed during calibration: run it again); kept {cfg.hardware.name}'s"
+        )
+        log.warning(kept)
+        costs = cfg.hardware.costs
     hw = dataclasses.replace(
         cfg.hardware, name=cfg.name, costs=costs, tuned={**cfg.hardware.tuned, decoding: tuned}
     )
@@ -420,6 +434,7 @@ def write_hardware(
         f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.profile.tau:.2f}, "
         f"over specbeam's plain search predicted {best.predicted:.2f}×, measured "
         f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
+        *([f"# {kept}."] if kept else []),
     ]
     path = Path(cfg.hardware_dir)
     path = (path if path.is_absolute() else REPO_ROOT / path) / f"{cfg.name}.yaml"

@@ -16,11 +16,13 @@ from omegaconf import OmegaConf
 from specbeam.apps.calibrate import (
     CallTimer,
     CostModel,
+    GridRow,
     LinearCost,
     PassProfile,
     calibrate,
     fit_linear,
     predict_speedup,
+    write_hardware,
 )
 from specbeam.apps.decoding import load_decoding
 from specbeam.apps.evaluate import EvaluateConfig
@@ -92,7 +94,6 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     # The planner runs on the costs calibration measured, τ as the best cell saw it.
     planner = hw.planner(tuned)
     assert planner is not None and planner.shape.tau == tuned.plan_tau > 0
-    assert hw.costs["target"] != load_hardware("cpu").costs["target"]
     assert planner.costs.target == LinearCost(*hw.costs["target"])
     assert hw.tune(load_decoding("spec_sample")) == load_decoding("spec_sample")  # not tuned
 
@@ -191,3 +192,26 @@ def test_ceiling_prices_a_perfect_draft_from_the_bench_costs(monkeypatch) -> Non
         "| γ 4, width 5, perfect draft | 25.0 | 4.00 | 27.0 | 5.00 | 5.40 | 2.22× | 2.44× |" in out
     )
     assert "τ 1.92 breaks even with lean plain search, τ 2.61 gives 1.5×" in out
+
+
+@pytest.mark.parametrize("beside_ms", [2.5, -4.8])
+def test_costs_are_written_unless_the_runs_contradict_them(tmp_path, caplog, beside_ms) -> None:
+    """The planner's costs are the calibrated ones; but runs faster than their own timed
+    calls (the machine's speed changed in between) would price a pass below its calls, so
+    then the config keeps its costs and says why."""
+    cfg = compose_config("calibrate", [f"hardware_dir={tmp_path}", "name=cal"])
+    cost = CostModel(verify=LinearCost(10.0, 1.5), draft=LinearCost(3.0, 0.4), step_ms=48.0,
+                     lean_step_ms=20.0, beside_ms=beside_ms)  # fmt: skip
+    profile = PassProfile(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0, accept_ms=3.0)
+    best = GridRow(2, 10, profile, beside_ms, 0.6, 0.65, 1.9)
+    path = write_hardware(cfg, "spec_beam", 5, best, cost)
+    written = OmegaConf.load(path)
+    assert written.tuned.spec_beam.gamma == 2 and written.tuned.spec_beam.plan_tau == 2.0
+    costs = OmegaConf.to_container(written.costs)
+    if beside_ms > 0:
+        assert costs == {"target": [10.0, 1.5], "draft": [3.0, 0.4], "accept_ms": 2.5,
+                         "plain_step_ms": 2.5}  # fmt: skip
+        assert "costs not written" not in path.read_text()
+    else:
+        assert costs == load_hardware("cpu").costs
+        assert "costs not written" in caplog.text and "# costs not written" in path.read_text()
