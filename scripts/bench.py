@@ -49,8 +49,9 @@ from specbeam.apps.calibrate import (
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.integration.models import Draft, ModelPairConfig, load_pair
+from specbeam.paths import REPO_ROOT
+from specbeam.search.runtime import Runtime
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -127,12 +128,10 @@ class Models:
         return Models(cfg, tokenizer, target, draft)
 
     def generator(self, d: DecodingConfig) -> Seq2SeqGenerator:
-        """`d` on these models with the hardware's memory budget and planner."""
-        hw = self.cfg.hardware
+        """`d` on these models on the hardware's machine settings."""
         return make_generator(
-            d, self.target, self.draft, self.tokenizer.vocab_info,
-            memory_budget_bytes=hw.memory_budget_bytes, planner=hw.planner(d),
-        )  # fmt: skip
+            d, self.target, self.draft, self.tokenizer.vocab_info, self.cfg.hardware
+        )
 
 
 def check_checkpoints(model: ModelPairConfig) -> None:
@@ -297,11 +296,12 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
 
     stages.update()
     encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
-    points = measure_call_costs(
-        target, draft, encode(sorted(sources, key=len)[len(sources) // 2]), hyps=spec.beam_size,
-        prefix_len=settings.prefix_len, slot_counts=settings.slot_counts, repeats=settings.repeats,
-        lean_draft=spec.lean_draft, lean_target=spec.lean_target,
-    )  # fmt: skip
+    with Runtime(cfg.hardware.runtime_config()).active():
+        points = measure_call_costs(
+            target, draft, encode(sorted(sources, key=len)[len(sources) // 2]), hyps=spec.beam_size,
+            prefix_len=settings.prefix_len, slot_counts=settings.slot_counts,
+            repeats=settings.repeats, lean_draft=spec.lean_draft, lean_target=spec.lean_target,
+        )  # fmt: skip
     # The cost model's steps and work beside the calls, calibrated on dev sentences as
     # `specbeam.calibrate` does, so that the test verses' speculation gain is predicted,
     # not fitted.

@@ -39,7 +39,7 @@ from bench import Models, load_config  # noqa: E402
 
 from specbeam.apps.decoding import load_decoding  # noqa: E402
 from specbeam.apps.inference import encode_sources, target_prompt  # noqa: E402
-from specbeam.apps.paths import REPO_ROOT  # noqa: E402
+from specbeam.paths import REPO_ROOT  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -23,9 +23,9 @@ from tqdm import tqdm
 from specbeam.apps.data import TokenizedPair, pad, target_prompt_len, tokenize_pairs
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import target_prompt
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import load_model
+from specbeam.paths import REPO_ROOT
 from specbeam.training.agreement import measure_agreement
 
 

@@ -31,9 +31,9 @@ from sacrebleu.metrics import BLEU
 
 from specbeam.apps.decoding import load_decoding
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.split import Splitter
 from specbeam.apps.translate import TranslateConfig, translate_chunk
+from specbeam.paths import REPO_ROOT
 
 SYSTEMS = ("split", "verses", "whole")
 

@@ -8,6 +8,9 @@ genuinely branches; untrained models make poor oracles (near-uniform, full of ti
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from fairseq2.models.transformer import TransformerModel
 from specbeam.apps.data import pad
 from specbeam.integration.models import ModelArch, build_model
 from specbeam.search.head import DraftHead, HeadArch
+from specbeam.search.runtime import Runtime
 
 # Tiny models gain nothing from intra-op threads, and lose a lot when the machine is busy.
 torch.set_num_threads(1)
@@ -162,3 +166,16 @@ def tiny_head(tiny_target: TransformerModel) -> DraftHead:
 def sources(seed: int, batch: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [synthetic_pair(gen)[0] for _ in range(batch)]
+
+
+@pytest.fixture
+def use_runtime() -> Iterator[Callable[..., None]]:
+    """`use_runtime(native=False)`: the current runtime with these settings changed, for
+    the rest of the test (as a generator's call would make its own current)."""
+    with ExitStack() as stack:
+
+        def use(**settings: object) -> None:
+            config = dataclasses.replace(Runtime.current().config, **settings)
+            stack.enter_context(Runtime(config).active())
+
+        yield use

@@ -15,10 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.paths import REPO_ROOT
 
 R = TypeVar("R")
 
@@ -50,10 +50,8 @@ class PipelineConfig:
         )  # fmt: skip
         target.to(self.hardware.target_torch_dtype)
         generator = make_generator(
-            self.decoding, target, draft, tokenizer.vocab_info,
-            memory_budget_bytes=self.hardware.memory_budget_bytes,
-            planner=self.hardware.planner(self.decoding),
-        )  # fmt: skip
+            self.decoding, target, draft, tokenizer.vocab_info, self.hardware
+        )
         return tokenizer, generator
 
 

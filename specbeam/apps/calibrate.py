@@ -51,10 +51,11 @@ from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.data import pad
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, load_pair
+from specbeam.paths import REPO_ROOT
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts
+from specbeam.search.runtime import Runtime
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
 
@@ -320,16 +321,19 @@ def run_grid(
     interleaved; the call costs are measured first on a typical sentence."""
     encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
     typical = sorted(sources, key=len)[len(sources) // 2]
-    points = measure_call_costs(
-        target, draft, encode(typical), hyps=decoding.beam_size, prefix_len=cfg.prefix_len,
-        slot_counts=cfg.slot_counts, repeats=cfg.repeats, lean_draft=decoding.lean_draft,
-        lean_target=decoding.lean_target,
-    )  # fmt: skip
-    k, budget = decoding.beam_size, cfg.hardware.memory_budget_bytes
+    with Runtime(cfg.hardware.runtime_config()).active():
+        points = measure_call_costs(
+            target, draft, encode(typical), hyps=decoding.beam_size, prefix_len=cfg.prefix_len,
+            slot_counts=cfg.slot_counts, repeats=cfg.repeats, lean_draft=decoding.lean_draft,
+            lean_target=decoding.lean_target,
+        )  # fmt: skip
+    k = decoding.beam_size
+    # The grid measures speculation itself: no planner chooses plain search for it.
+    unplanned = dataclasses.replace(cfg.hardware, costs={})
 
     def plain(name: str) -> Seq2SeqGenerator:
         config = dataclasses.replace(load_decoding(name), beam_size=k)
-        return make_generator(config, target, None, tokenizer.vocab_info)
+        return make_generator(config, target, None, tokenizer.vocab_info, cfg.hardware)
 
     baseline = MethodRun("beam", CountingGenerator(plain("beam")))
     lean = MethodRun("beam_lean", plain("beam_lean"))
@@ -342,7 +346,7 @@ def run_grid(
                 target,
                 draft,
                 tokenizer.vocab_info,
-                memory_budget_bytes=budget,
+                unplanned,
             ),
         )
         for g, w in settings

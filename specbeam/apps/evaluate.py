@@ -30,9 +30,9 @@ from specbeam.apps.app import before_hydra, run_app
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.paths import REPO_ROOT
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -170,19 +170,12 @@ def evaluate(cfg: EvaluateConfig) -> None:
     pairs = cfg.task.split(cfg.split)[:: cfg.every][: cfg.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     rows = []
-    vocab, budget = tokenizer.vocab_info, cfg.hardware.memory_budget_bytes
+    vocab = tokenizer.vocab_info
     for batch_size in cfg.batch_sizes:
         runs = [
             MethodRun(
                 d.name,
-                make_generator(
-                    d,
-                    target,
-                    draft,
-                    vocab,
-                    memory_budget_bytes=budget,
-                    planner=cfg.hardware.planner(d),
-                ),
+                make_generator(d, target, draft, vocab, cfg.hardware),
             )
             for d in decodings
         ]

@@ -9,7 +9,7 @@ from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.models.nllb import NllbTokenizerConfig, load_nllb_tokenizer
 
 from specbeam.apps.data import Pair, read_tsv
-from specbeam.apps.paths import REPO_ROOT
+from specbeam.paths import REPO_ROOT
 
 
 @dataclass(kw_only=True)

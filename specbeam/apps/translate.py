@@ -25,9 +25,9 @@ from specbeam.apps.app import PipelineConfig, before_hydra, run_app, shard_range
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import translate_texts
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.split import Split, Splitter, flatten, join
 from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines
+from specbeam.paths import REPO_ROOT
 from specbeam.search.generator import SpeculativeGeneratorOutput
 
 log = logging.getLogger("specbeam.translate")

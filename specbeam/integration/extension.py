@@ -16,7 +16,7 @@ name through fairseq2's model hub.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Final, final
 
 from fairseq2.assets import AssetStore
@@ -47,11 +47,9 @@ from fairseq2.runtime.dependency import (
     wire_object,
 )
 from fairseq2.utils.validation import ValidationResult
+from omegaconf import OmegaConf
 from torch.nn import Module
 
-from specbeam.apps.decoding import DecodingConfig
-from specbeam.apps.hardware import load_hardware
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.integration.cards import own_draft_path
 from specbeam.integration.models import (
     Draft,
@@ -59,7 +57,14 @@ from specbeam.integration.models import (
     check_same_vocabulary,
     load_model,
 )
-from specbeam.search.draft import DraftShape, draft_keywords
+from specbeam.paths import REPO_ROOT, config_file
+from specbeam.search.config import (
+    MachineSettings,
+    SearchSettings,
+    SpeculationSettings,
+    SpeculativeSearchConfig,
+    settings_of,
+)
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
@@ -72,8 +77,9 @@ SPECULATIVE_SAMPLING_GENERATOR: Final = "speculative_sampling"
 
 
 @dataclass(kw_only=True)
-class SpeculativeBeamSearchConfig(BeamSearchConfig):
-    """`BeamSearchConfig` plus the draft; the output is that of plain beam search.
+class SpeculativeBeamSearchConfig(BeamSearchConfig, SpeculationSettings):
+    """`BeamSearchConfig` plus the speculation's settings (`SpeculationSettings`) and the
+    draft; exact unless `relax_top` is set.
 
     Under `speculative_greedy`, `beam_size` and `draft_strategy` are ignored: the
     generator always runs with a beam of 1 and a linear (greedy) draft.
@@ -82,40 +88,10 @@ class SpeculativeBeamSearchConfig(BeamSearchConfig):
     draft_model: str
     """The asset card name of the draft model; it must share the target's vocabulary."""
 
-    gamma: int = 4
-    """The draft depth: beam search steps proposed per target pass."""
-
-    draft_strategy: str = "beam"
-    """'beam' drafts a beam search tree below each hypothesis, 'linear' one greedy path,
-    'topm' branches into the draft's best tokens where it is unsure."""
-
-    draft_width: int | None = None
-    """Nodes per tree level; ``None`` means `beam_size` (topm: times `draft_branch`)."""
-
-    max_draft_nodes: int | None = None
-    """If not ``None``, verifies only each source's most likely drafted nodes."""
-
-    draft_branch: int = 2
-    draft_branch_depth: int = 1
-    draft_branch_below: float = 1.0
-    draft_prune_margin: float | None = None
-    gamma_bounds: tuple[int, int] | None = None
-    """If not ``None``, adapts γ per source within these bounds."""
-
-    draft_vocab: int | None = None
-    """A draft head drafts from its this many most frequent target-side tokens (FR-Spec);
-    ``None``: all the tokens it ranks; 0: the whole vocabulary."""
-
     hardware: str | None = "cpu"
-    """The hardware config (`conf/hardware/<name>.yaml`) whose cost model chooses per
-    batch between speculation and plain beam search (same output); ``None``: always
-    speculate."""
-
-    plan_tau: float = 1.8
-    """The planner's guess of τ before it has seen a pass."""
-
-    lean_target: bool = True
-    """Runs the target's decoder as plain tensor ops (logits within 1e-5 of fairseq2's)."""
+    """The hardware config (`conf/hardware/<name>.yaml`) whose machine settings (kernels,
+    memory budget, the planner's costs) the search runs with; ``None``: the defaults,
+    without a planner."""
 
     def validate(self) -> ValidationResult:
         result = super().validate()
@@ -123,13 +99,29 @@ class SpeculativeBeamSearchConfig(BeamSearchConfig):
         if not self.draft_model:
             result.add_error("`draft_model` must be the name of a model asset card.")
 
-        for name, value, allowed in self.draft_shape().problems():
+        for name, value, allowed in self.search_settings().problems():
             result.add_error(f"`{name}` must be {allowed}, but is {value!r} instead.")
 
         return result
 
-    def draft_shape(self) -> DraftShape:
-        return DraftShape.of(beam_size=self.beam_size, **draft_keywords(self))
+    def search_settings(self) -> SearchSettings:
+        return settings_of(SearchSettings, self, max_gen_len=_gen_len(self.max_gen_len))
+
+    def search_config(self) -> SpeculativeSearchConfig:
+        machine = MachineSettings() if self.hardware is None else load_machine(self.hardware)
+        return SpeculativeSearchConfig(self.search_settings(), machine)
+
+
+def load_machine(name: str) -> MachineSettings:
+    """The machine settings of `conf/hardware/<name>.yaml`; the file's other settings
+    (threads, precisions, batching) belong to specbeam's own apps."""
+    stored = OmegaConf.to_container(OmegaConf.load(config_file("hardware", name)))
+    assert isinstance(stored, dict)
+    names = {f.name for f in fields(MachineSettings)}
+    merged = OmegaConf.merge(
+        OmegaConf.structured(MachineSettings), {k: v for k, v in stored.items() if k in names}
+    )
+    return OmegaConf.to_object(merged)
 
 
 @dataclass(kw_only=True)
@@ -142,6 +134,14 @@ class SpeculativeSamplingConfig(SamplingConfig):
 
     gamma: int = 4
     """Tokens the draft samples per target pass."""
+
+    hardware: str | None = "cpu"
+    """As in `SpeculativeBeamSearchConfig`."""
+
+    def search_config(self) -> SpeculativeSearchConfig:
+        search = settings_of(SearchSettings, self, max_gen_len=_gen_len(self.max_gen_len))
+        machine = MachineSettings() if self.hardware is None else load_machine(self.hardware)
+        return SpeculativeSearchConfig(search, machine)
 
     def validate(self) -> ValidationResult:
         result = super().validate()
@@ -191,33 +191,9 @@ class _SpeculativeSeq2SeqGeneratorFactory:
             raise BeamSearchAlgorithmNotKnownError(config.algo.name) from None
 
         target, draft_model = self._load_pair(config.draft_model)
-        planner = None
-        if config.hardware is not None:
-            hardware = load_hardware(config.hardware)
-            decoding = DecodingConfig(
-                beam_size=config.beam_size, plan_tau=config.plan_tau, **draft_keywords(config)
-            )
-            planner = hardware.planner(decoding)
 
         return SpeculativeBeamSearchSeq2SeqGenerator(
-            target,
-            draft_model,
-            self._tokenizer.vocab_info,
-            algo,
-            beam_size=config.beam_size,
-            min_gen_len=config.min_gen_len,
-            max_gen_len=_gen_len(config.max_gen_len),
-            max_seq_len=config.max_seq_len,
-            echo_prompt=config.echo_prompt,
-            normalize_scores=config.normalize_scores,
-            temperature=config.temperature,
-            unk_penalty=config.unk_penalty,
-            len_penalty=config.len_penalty,
-            prefill_chunk_size=config.prefill_chunk_size,
-            decode_capacity_increment=config.decode_capacity_increment,
-            lean_target=config.lean_target,
-            planner=planner,
-            **draft_keywords(config),
+            target, draft_model, self._tokenizer.vocab_info, algo, config=config.search_config()
         )
 
     def create_sampling(self, config: SpeculativeSamplingConfig) -> Seq2SeqGenerator:
@@ -235,18 +211,8 @@ class _SpeculativeSeq2SeqGeneratorFactory:
             draft_model,
             self._tokenizer.vocab_info,
             sampler,
-            min_gen_len=config.min_gen_len,
-            max_gen_len=_gen_len(config.max_gen_len),
-            max_seq_len=config.max_seq_len,
-            echo_prompt=config.echo_prompt,
+            config=config.search_config(),
             compute_scores=config.compute_scores,
-            normalize_scores=config.normalize_scores,
-            temperature=config.temperature,
-            unk_penalty=config.unk_penalty,
-            len_penalty=config.len_penalty,
-            prefill_chunk_size=config.prefill_chunk_size,
-            decode_capacity_increment=config.decode_capacity_increment,
-            gamma=config.gamma,
         )
 
     def _load_pair(self, draft_name: str) -> tuple[TransformerModel, Draft]:

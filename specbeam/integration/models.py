@@ -19,7 +19,7 @@ from fairseq2.models.transformer import (
     create_default_sdpa,
 )
 
-from specbeam.apps.paths import REPO_ROOT
+from specbeam.paths import REPO_ROOT
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
 
 Draft = TransformerModel | DraftHead

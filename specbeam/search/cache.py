@@ -29,45 +29,7 @@ from fairseq2.models.transformer import AttentionState
 from torch import Tensor
 from typing_extensions import override
 
-
-@final
-class SpareBuffers:
-    """Buffers of released caches, kept for the next ones. A fresh buffer costs a page
-    fault per 4 KB page on first touch: zero-filling a target cache grown to 64
-    positions (6 MB) took 14 ms on AMD EPYC, and the growth steps of one sentence about
-    5% of its decoding; zeroing memory already mapped takes a tenth of that. Zeros, not
-    stale values: attention reads masked keys, and a masked NaN would still poison the
-    weighted sum."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit_bytes = limit_bytes
-        self._free: list[Tensor] = []  # flat, zero-filled when first allocated
-
-    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """Flat storage of at least `numel` elements, the first `numel` zero: the
-        smallest spare that holds them, else a new one."""
-        # An inference-mode tensor cannot be written outside inference mode.
-        mode = torch.is_inference_mode_enabled()
-        fits = [
-            i
-            for i, b in enumerate(self._free)
-            if (b.dtype, b.device, b.is_inference()) == (dtype, device, mode) and b.numel() >= numel
-        ]
-        if not fits:
-            return torch.zeros(numel, dtype=dtype, device=device)
-        storage = self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
-        storage[:numel].zero_()
-        return storage
-
-    def give(self, storage: Tensor) -> None:
-        """Keeps `storage` (from `take`), dropping the smallest spares beyond the limit."""
-        self._free.append(storage)
-        self._free.sort(key=Tensor.numel, reverse=True)
-        while sum(b.numel() * b.element_size() for b in self._free) > self.limit_bytes:
-            self._free.pop()
-
-
-SPARES = SpareBuffers(limit_bytes=256 * 2**20)
+from specbeam.search.runtime import Runtime
 
 
 def surviving_rows(done: Tensor) -> Tensor:
@@ -103,6 +65,7 @@ class SpeculativeKVCache:
         self.k = hyps_per_source
         self.max_capacity = max_capacity
         self.increment = increment
+        self._spares = Runtime.current().spares  # the creating generator's
         initial = max_capacity if increment is None else 0
         # (layers, K/V, S, C, k, H, D)
         shape = (num_layers, 2, num_sources, initial, hyps_per_source, num_heads, head_dim)
@@ -131,13 +94,13 @@ class SpeculativeKVCache:
     def _allocate(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
         numel = math.prod(shape)
         # Views do not record their base under inference mode: the storage is kept here.
-        self._storage = SPARES.take(numel, dtype, device)
+        self._storage = self._spares.take(numel, dtype, device)
         self._allocated = numel  # a spare may be larger: the rest is not this cache's
         self.buf = self._storage[:numel].view(shape)
 
     def release(self) -> None:
         """Hands the buffer to the next cache; this one is unusable afterwards."""
-        SPARES.give(self._storage)
+        self._spares.give(self._storage)
         self._storage = self._storage[:0]
         self.buf = self._storage.view((0,) * self.buf.dim())
 
@@ -188,7 +151,7 @@ class SpeculativeKVCache:
             self.columns.size(0), positions - self.columns.size(2), self.buf.device
         )
         self.columns = torch.cat([self.columns, grown], 2)
-        SPARES.give(old)
+        self._spares.give(old)
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
     def advance(self, num_slots: int) -> None:

@@ -16,10 +16,10 @@ target's beam keeps k per step, so such nodes are unlikely to be on its path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Literal, final
+from typing import Literal, final
 
 import torch
 from torch import Tensor
@@ -34,17 +34,6 @@ DraftStrategy = Literal["beam", "linear", "topm"]
 ChooseChildren = Callable[[Tensor, int, int], tuple[Tensor, Tensor, Tensor]]
 """(cand (S, m, V) cumulative scores, width, level) -> score, parent, token; (S, width)."""
 DRAFT_STRATEGIES: tuple[str, ...] = ("beam", "linear", "topm")
-DRAFT_KEYWORDS: tuple[str, ...] = (
-    "gamma", "draft_strategy", "draft_width", "max_draft_nodes", "draft_branch",
-    "draft_branch_depth", "draft_branch_below", "draft_prune_margin", "gamma_bounds",
-    "draft_vocab",
-)  # fmt: skip
-"""The generator's keywords for the tree; configs name their settings the same."""
-
-
-def draft_keywords(settings: object) -> dict[str, Any]:
-    """A config's draft settings as generator keywords."""
-    return {name: getattr(settings, name) for name in DRAFT_KEYWORDS}
 
 
 @dataclass(frozen=True)
@@ -75,39 +64,6 @@ class DraftShape:
     None: all the tokens a head ranks (the whole vocabulary for a draft without a
     ranking); 0: the whole vocabulary. The target still verifies over all of it."""
 
-    @staticmethod
-    def of(
-        *,
-        beam_size: int,
-        gamma: int,
-        draft_strategy: str = "beam",
-        draft_width: int | None = None,
-        max_draft_nodes: int | None = None,
-        draft_branch: int = 2,
-        draft_branch_depth: int = 1,
-        draft_branch_below: float = 1.0,
-        draft_prune_margin: float | None = None,
-        gamma_bounds: Sequence[int] | None = None,
-        draft_vocab: int | None = None,
-    ) -> DraftShape:
-        """From the generator's keywords; `draft_width` defaults to the beam size (topm:
-        times `draft_branch`)."""
-        if draft_width is None:
-            draft_width = beam_size * (draft_branch if draft_strategy == "topm" else 1)
-        return DraftShape(
-            strategy=draft_strategy,  # type: ignore[arg-type]  # checked by problems()
-            depth=gamma,
-            width=draft_width,
-            branch=draft_branch,
-            branch_depth=draft_branch_depth,
-            branch_below=draft_branch_below,
-            prune_margin=draft_prune_margin,
-            max_nodes=max_draft_nodes,
-            beam_size=beam_size,
-            depth_bounds=None if gamma_bounds is None else (gamma_bounds[0], gamma_bounds[-1]),
-            vocab=draft_vocab,
-        )
-
     @property
     def max_depth(self) -> int:
         return self.depth if self.depth_bounds is None else self.depth_bounds[1]
@@ -134,11 +90,6 @@ class DraftShape:
             ("gamma_bounds", self.depth_bounds, self.depth_bounds is None or 1 <= self.depth_bounds[0] <= self.depth <= self.depth_bounds[1], f"[lo, hi] with 1 ≤ lo ≤ gamma ({self.depth}) ≤ hi, or None"),
         ]  # fmt: skip
         return [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
-
-    def validate(self) -> None:
-        """Raises a ValueError naming the generator keyword that is out of range."""
-        for name, value, allowed in self.problems():
-            raise ValueError(f"`{name}` must be {allowed}, but is {value!r}.")
 
 
 @final

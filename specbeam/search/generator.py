@@ -1,6 +1,6 @@
 """Exact speculative beam search as a fairseq2 `Seq2SeqGenerator`.
 
-One loop (DESIGN.md §3): the draft proposes a tree below every live hypothesis, the
+One loop (docs/design.md): the draft proposes a tree below every live hypothesis, the
 target verifies all trees in one call, exact acceptance replays beam search on the
 verified log-probs, and both caches keep the accepted paths.
 """
@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, final
+from typing import Any, final
 
 import torch
 from fairseq2.data.tokenizers import VocabularyInfo
@@ -39,7 +39,8 @@ from specbeam.search import onednn
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.cache import surviving_rows
-from specbeam.search.draft import Drafter, DraftShape, DraftStrategy
+from specbeam.search.config import SpeculativeSearchConfig
+from specbeam.search.draft import Drafter
 from specbeam.search.head import DraftHead
 from specbeam.search.memory import (
     DecoderSize,
@@ -50,8 +51,8 @@ from specbeam.search.memory import (
     source_bytes,
 )
 from specbeam.search.planner import PassShape, Planner
-from specbeam.search.relax import Relaxation
 from specbeam.search.rules import ScoringRules, length_limits
+from specbeam.search.runtime import Runtime
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
@@ -71,44 +72,19 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
 
     The draft is a decoder of its own (any fairseq2 `TransformerModel` over the same
     vocabulary) or a `DraftHead`, which drafts from the target's decoder states that each
-    verification pass computes (`specbeam.search.head`).
+    verification pass computes (`specbeam.search.head`). `config` holds every setting
+    (`specbeam.search.config`); fairseq2's keyword arguments (`beam_size=5`) and the
+    speculation's (`gamma=4`) replace its search settings by name. The draft tree's shape
+    and the lean decoders change speed only; a relaxation (`relax_top`) changes the output.
 
-    The draft runs a beam search of width `draft_width` (default: `beam_size`) for `gamma`
-    steps from the live hypotheses ("beam"), extends each one greedily ("linear"), or
-    branches into its `draft_branch` best tokens for `draft_branch_depth` levels where its
-    best token's probability is below `draft_branch_below` ("topm", keeping `draft_width`
-    nodes per level, default beam_size × draft_branch). `draft_prune_margin` drops nodes
-    scoring that far below the level's k-th best; `max_draft_nodes` keeps each source's
-    most likely drafted nodes for verification. With `gamma_bounds`, each source's depth
-    follows the steps it advances per pass. `draft_vocab` drafts from a draft head's most
-    frequent target-side tokens only (FR-Spec; by default all the tokens it ranks, 0:
-    the whole vocabulary). None of these changes the output;
-    a `relaxation` does (it accepts drafted steps the target ranks slightly lower).
-    Nor does `lean_draft`, which runs the draft's decoder as plain tensor ops where its
-    layers allow (`specbeam.search.lean_decoder`): fewer milliseconds per draft call.
-
-    `decode_capacity_increment` is the caches' growth step, as in fairseq2 (None:
-    allocated for the length limit up front). `prefill_chunk_size` is accepted for
-    drop-in compatibility: the prompt is decoded in the first verification pass.
-
-    `memory_budget_bytes` bounds a call's KV caches and logits (`specbeam.search.memory`): a
-    batch that needs more is decoded in consecutive chunks of sources, with the same
-    output; if one source alone needs more, the draft gets shallower, then narrower.
-
-    Calls with more than `max_speculative_sources` sources, calls the `planner` prices
-    as faster without the draft, and every call when `draft_model` is None run plain beam
-    search on the target alone (as vLLM's `speculative_disable_by_batch_size`): where
-    verification is compute-bound, as on a CPU at large batches, a draft tree costs more
-    target work than the steps it saves. Exact decoding only, so the output is the same
-    either way. `plain="lean"` runs that search through this generator's own loop with
-    no draft (one step per target call, on the lean path); `"fairseq2"` runs fairseq2's
-    `BeamSearchSeq2SeqGenerator`; `"auto"` the first where its linears run on oneDNN
-    (`specbeam.search.onednn`; measured on a 2-core CPU: 1.82× fairseq2's speed at one
-    sentence, 1.51× at 16), else the first for one sentence and the second for more
-    (without oneDNN: 1.04× at one sentence, 0.94× at 16, where its per-source attention
-    over all k hypotheses' slots costs more).
-    `lean_target` runs the target's decoder as plain tensor ops
-    (`specbeam.search.lean_decoder`, same numbers within 1e-5) where its layers allow.
+    A call decodes plain beam search on the target alone when there is no draft, when it
+    has more than `max_speculative_batch` sources, or when the planner (built from the
+    machine's costs) prices speculation slower: where verification is compute-bound, as
+    on a CPU at large batches, a draft tree costs more target work than the steps it
+    saves (as vLLM's `speculative_disable_by_batch_size`). Exact decoding only, so the
+    output is the same either way. A call whose caches and logits would exceed the
+    machine's memory budget is decoded in chunks of sources, with the same output; if one
+    source alone needs more, the draft gets shallower, then narrower.
     """
 
     def __init__(
@@ -118,35 +94,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         target_vocab_info: VocabularyInfo,
         algo: BeamSearchAlgorithm | None = None,
         *,
-        beam_size: int = 5,
-        min_gen_len: int = 1,
-        max_gen_len: tuple[float, int] = (1.0, 128),
-        max_seq_len: int | None = None,
-        echo_prompt: bool = False,
-        normalize_scores: bool = True,
-        temperature: float = 1.0,
-        unk_penalty: float = 0.0,
-        len_penalty: float = 1.0,
-        prefill_chunk_size: int | None = 512,
-        decode_capacity_increment: int | None = 16,
-        memory_budget_bytes: int | None = None,
+        config: SpeculativeSearchConfig | None = None,
         step_processors: Sequence[StepProcessor] | None = None,
-        gamma: int = 4,
-        draft_strategy: DraftStrategy = "beam",
-        draft_width: int | None = None,
-        max_draft_nodes: int | None = None,
-        draft_branch: int = 2,
-        draft_branch_depth: int = 1,
-        draft_branch_below: float = 1.0,
-        draft_prune_margin: float | None = None,
-        gamma_bounds: tuple[int, int] | None = None,
-        draft_vocab: int | None = None,
-        relaxation: Relaxation | None = None,
-        max_speculative_sources: int | None = None,
-        lean_draft: bool = True,
-        lean_target: bool = True,
-        plain: Literal["lean", "fairseq2", "auto"] = "auto",
-        planner: Planner | None = None,
+        **settings: Any,
     ) -> None:
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
@@ -154,76 +104,37 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             raise NotSupportedError(
                 "only fairseq2's StandardBeamSearchAlgorithm can be replayed exactly"
             )
-        if beam_size < 1:
-            raise ValueError(f"`beam_size` must be ≥ 1, but is {beam_size}.")
-        if min_gen_len < 1:
-            raise ValueError(f"`min_gen_len` must be ≥ 1, but is {min_gen_len}.")
-        self._draft_shape = DraftShape.of(
-            beam_size=beam_size,
-            gamma=gamma,
-            draft_strategy=draft_strategy,
-            draft_width=draft_width,
-            max_draft_nodes=max_draft_nodes,
-            draft_branch=draft_branch,
-            draft_branch_depth=draft_branch_depth,
-            draft_branch_below=draft_branch_below,
-            draft_prune_margin=draft_prune_margin,
-            gamma_bounds=gamma_bounds,
-            draft_vocab=draft_vocab,
-        )
-        self._draft_shape.validate()
-        if relaxation is not None:
-            relaxation.validate()
-        self._relaxation = relaxation
-        self._lean_draft = lean_draft
-        self._lean_target = lean_target
+        self.config = config = SpeculativeSearchConfig.of(config, **settings)
+        config.validate()
+        s = config.search
         model.eval()
         if draft_model is not None:
             draft_model.eval()
         self._model = model
         self._draft_model = draft_model
         self._vocab_info = target_vocab_info
-        self._beam_size = beam_size
-        self._min_gen_len = min_gen_len
-        self._max_gen_len = max_gen_len
+        self._draft_shape = s.draft_shape()  # the shape in effect; a budget may shrink it
+        self._relaxation = s.relaxation()
+        self._max_gen_len = s.gen_len
         limit = model.max_target_seq_len
-        self._max_seq_len = limit if max_seq_len is None else min(max_seq_len, limit)
-        self._capacity_increment = checked_increment(decode_capacity_increment)
-        self._echo_prompt = echo_prompt
-        self._normalize_scores = normalize_scores
-        self._temperature = temperature
-        self._unk_penalty = unk_penalty
-        self._len_penalty = len_penalty
+        self._max_seq_len = limit if s.max_seq_len is None else min(s.max_seq_len, limit)
+        self._capacity_increment = checked_increment(s.decode_capacity_increment)
         self._step_processors = list(step_processors or [])
-        if memory_budget_bytes is not None and memory_budget_bytes < 1:
-            raise ValueError(
-                f"`memory_budget_bytes` must be ≥ 1 or None, but is {memory_budget_bytes}."
-            )
-        self._memory_budget = memory_budget_bytes
+        self._runtime = Runtime(config.machine.runtime_config())
         self._warned_shrink = False
-        if max_speculative_sources is not None and max_speculative_sources < 0:
-            raise ValueError(
-                f"`max_speculative_sources` must be ≥ 0 or None, but is {max_speculative_sources}."
-            )
-        plans = max_speculative_sources is not None or planner is not None or draft_model is None
-        if plans and relaxation is not None:
-            raise ValueError(
-                "`max_speculative_sources`, a `planner` or a missing draft needs exact decoding: "
-                "with a relaxation, a sentence's output would depend on how it was decoded"
-            )
-        if plain not in ("lean", "fairseq2", "auto"):
-            raise ValueError(f"`plain` must be 'lean', 'fairseq2' or 'auto', but is {plain!r}.")
-        self._plain_kind = plain
-        self._max_speculative_sources = max_speculative_sources
-        self._planner = planner
+        self._planner = config.planner() if draft_model is not None else None
         self._told_plain = False
-        self._plain = None if plain == "lean" else BeamSearchSeq2SeqGenerator(
-            model, target_vocab_info, algo, beam_size=beam_size, min_gen_len=min_gen_len,
-            max_gen_len=max_gen_len, max_seq_len=max_seq_len, echo_prompt=echo_prompt,
-            normalize_scores=normalize_scores, temperature=temperature, unk_penalty=unk_penalty,
-            len_penalty=len_penalty, prefill_chunk_size=prefill_chunk_size,
-            decode_capacity_increment=decode_capacity_increment, step_processors=step_processors,
-        )  # fmt: skip
+        self._plain = (
+            None
+            if s.plain == "lean"
+            else BeamSearchSeq2SeqGenerator(
+                model,
+                target_vocab_info,
+                algo,
+                **s.fairseq2_keywords(),
+                step_processors=step_processors,
+            )
+        )
 
     @property
     @override
@@ -233,6 +144,12 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     @property
     def draft_model(self) -> Seq2SeqModel | DraftHead | None:
         return self._draft_model
+
+    @property
+    def planner(self) -> Planner | None:
+        """What chooses per call between speculation and plain search (None: always
+        speculate where there is a draft)."""
+        return self._planner
 
     @property
     def drafts_with_head(self) -> bool:
@@ -253,10 +170,19 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
+        with self._runtime.active():
+            return self._generate(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
+
+    def _generate(
+        self,
+        source_seqs: Tensor,
+        source_seqs_layout: BatchLayout,
+        prompt_seqs: Tensor,
+        prompt_seqs_layout: BatchLayout,
+    ) -> SpeculativeGeneratorOutput:
         speculate = self._speculates(len(source_seqs))
-        lean = self._plain_kind == "lean" or (
-            self._plain_kind == "auto" and (len(source_seqs) == 1 or onednn.active())
-        )
+        plain = self.config.search.plain
+        lean = plain == "lean" or (plain == "auto" and (len(source_seqs) == 1 or onednn.active()))
         if not speculate and not lean:
             assert self._plain is not None
             out = self._plain(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
@@ -264,8 +190,8 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
                 out.hypotheses, out.counters, SpecStats(plain_sources=len(source_seqs))
             )
         prompt_len, min_seq_len, max_seq_len = length_limits(
-            source_seqs_layout, prompt_seqs_layout, self._max_gen_len, self._min_gen_len,
-            self._max_seq_len,
+            source_seqs_layout, prompt_seqs_layout, self._max_gen_len,
+            self.config.search.min_gen_len, self._max_seq_len,
         )  # fmt: skip
         prompts = prompt_seqs[:, :prompt_len]
         if not speculate:
@@ -277,7 +203,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             # The stats describe speculation; this call is counted as plain only.
             stats = SpecStats(plain_sources=len(source_seqs), seconds=out.stats.seconds)
             return SpeculativeGeneratorOutput(out.hypotheses, out.counters, stats)
-        if self._memory_budget is None:
+        if self.config.machine.memory_budget_bytes is None:
             out = _Op(self, source_seqs, source_seqs_layout, prompts, min_seq_len, max_seq_len)()
         else:
             gen, size = self._fit_budget(len(source_seqs), prompt_len, max_seq_len)
@@ -313,9 +239,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             )
 
     def _speculates(self, num_sources: int) -> bool:
-        """Whether this call drafts: a draft, at most `max_speculative_sources` sources, and
+        """Whether this call drafts: a draft, at most `max_speculative_batch` sources, and
         a planner (if any) that expects it to be faster."""
-        limit, planner = self._max_speculative_sources, self._planner
+        limit, planner = self.config.search.max_speculative_batch or None, self._planner
         if self._draft_model is None:
             return False
         if limit is not None and num_sources > limit:
@@ -335,8 +261,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     ) -> tuple[SpeculativeBeamSearchSeq2SeqGenerator, int]:
         """This generator, or a copy with a smaller draft if one source does not fit the
         memory budget otherwise, and the number of sources per chunk."""
-        assert self._memory_budget is not None
-        k, shape = self._beam_size, self._draft_shape
+        budget = self.config.machine.memory_budget_bytes
+        assert budget is not None
+        k, shape = self.config.search.beam_size, self._draft_shape
         linear = shape.strategy == "linear"
         width = k if linear else shape.width
         min_width = width if linear else k if shape.strategy == "beam" else 1
@@ -349,7 +276,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
                 depth=depth, width=width,
             ).total  # fmt: skip
 
-        fit = fit_budget(self._memory_budget, num_sources, need, shape.max_depth, width, min_width)
+        fit = fit_budget(budget, num_sources, need, shape.max_depth, width, min_width)
         # Chunks of even size: the same number of chunks, a smaller peak.
         size = -(-num_sources // -(-num_sources // fit.sources))
         if (fit.depth, fit.width) == (shape.max_depth, width):
@@ -358,7 +285,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             log.warning(
                 "memory budget of %d bytes: one source needs %d bytes with gamma=%d and "
                 "draft_width=%d, so the draft shrinks to gamma=%d, draft_width=%d (same output)",
-                self._memory_budget, need(shape.max_depth, width), shape.max_depth, width, fit.depth,
+                budget, need(shape.max_depth, width), shape.max_depth, width, fit.depth,
                 fit.width,
             )  # fmt: skip
             self._warned_shrink = True
@@ -401,15 +328,16 @@ class _Op:
     ) -> None:
         """Without `speculate`, no draft runs: every pass verifies the roots alone, so it
         is plain beam search, one step per target call."""
-        vocab, k, shape = gen._vocab_info, gen._beam_size, gen._draft_shape
+        vocab, s, shape = gen._vocab_info, gen.config.search, gen._draft_shape
+        k = s.beam_size
         num_sources, prompt_len = prompts.shape
         width = k if shape.strategy == "linear" else shape.width
         self.rules = ScoringRules(
             eos_idx=int(vocab.eos_idx),
             pad_idx=vocab.pad_idx,
             unk_idx=vocab.unk_idx,
-            unk_penalty=gen._unk_penalty,
-            temperature=gen._temperature,
+            unk_penalty=s.unk_penalty,
+            temperature=s.temperature,
             min_seq_len=min_seq_len,
             max_seq_len=max_seq_len,
             step_processors=gen._step_processors,
@@ -422,22 +350,22 @@ class _Op:
             target, draft = TreeDecoder.pair(
                 gen.model, gen.draft_model, source_seqs, source_layout, hyps_per_source=k,
                 capacity=capacity, capacity_increment=gen._capacity_increment,
-                lean_draft=gen._lean_draft, lean_target=gen._lean_target,
+                lean_draft=s.lean_draft, lean_target=s.lean_target,
             )  # fmt: skip
             self.drafter: Drafter | None = Drafter(draft, self.rules, prompts[:, None, :], shape)
         else:
             target = TreeDecoder(
                 gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity,
-                capacity_increment=gen._capacity_increment, lean=gen._lean_target,
+                capacity_increment=gen._capacity_increment, lean=s.lean_target,
             )  # fmt: skip
             self.drafter = None
         self.verifier = Verifier(target)
         finish = HypothesisFactory(
             int(vocab.eos_idx),
             prompt_len,
-            gen._echo_prompt,
-            gen._normalize_scores,
-            gen._len_penalty,
+            s.echo_prompt,
+            s.normalize_scores,
+            s.len_penalty,
         )
         self.acceptor = BeamAcceptor(self.rules, k, finish, gen._relaxation)
         self.state = BeamState.start(prompts, k, max_seq_len)

@@ -37,6 +37,7 @@ from fairseq2.nn import StandardLayerNorm
 from torch import Tensor
 
 from specbeam.search import onednn
+from specbeam.search.runtime import Runtime
 
 if TYPE_CHECKING:  # the cache calls this module
     from specbeam.search.cache import CrossAttentionState, SpeculativeSelfAttentionState
@@ -46,13 +47,6 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / f"{name}.cpp" for name in ("module", "lean_layers", "accept")]
 HEADERS = [CSRC / "native.h"]
-_enabled = True
-
-
-def enable(on: bool) -> None:
-    """Switches the compiled layers on or off for the whole process (`hardware.native`)."""
-    global _enabled
-    _enabled = on
 
 
 NAME = "specbeam_native"
@@ -100,7 +94,8 @@ def build() -> ModuleType | None:
 
 
 def module() -> ModuleType | None:
-    return build() if _enabled else None
+    """The extension, where the current runtime uses it (`Runtime.native`)."""
+    return build() if Runtime.current().native else None
 
 
 def _norm(norm: StandardLayerNorm) -> list[Tensor | None]:

@@ -24,7 +24,6 @@ side by side (Xeon, 53 test verses, identical output).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -34,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
+
+from specbeam.search.runtime import Runtime
 
 
 class _PerTensor:
@@ -74,48 +75,16 @@ MIN_PACKED_ROWS = 4
 """Below this, MKL's packed GEMM loses to its plain one (Xeon, 2 threads, the target's
 weights out of cache: 3 rows 5.93 vs 5.31 ms, 4 rows 6.15 vs 7.27, 5 rows 6.49 vs 7.50)."""
 _MKL = torch.backends.mkl.is_available()  # a build-time property, read once
-_enabled = True
-
-
-def enable(on: bool) -> None:
-    """Switches packed oneDNN linears on or off for the whole process
-    (`hardware.onednn`)."""
-    global _enabled
-    _enabled = on
-
-
-@functools.cache
-def default_min_rows() -> int:
-    """Rows from which fp32 products run on oneDNN when `hardware.onednn_min_rows` is
-    not set: 8 on Intel CPUs (MKL's own kernels win below), 1 elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            intel = any(
-                line.split(":")[-1].strip() == "GenuineIntel"
-                for line in info
-                if line.startswith("vendor_id")
-            )
-    except OSError:
-        intel = False
-    return 8 if intel else 1
-
-
-_min_rows = default_min_rows()
-
-
-def set_min_rows(rows: int) -> None:
-    """fp32 products of fewer rows than this run on PyTorch's default (MKL)."""
-    global _min_rows
-    _min_rows = rows
 
 
 def _few_rows(rows: int, dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 and rows < _min_rows
+    return dtype == torch.float32 and rows < Runtime.current().onednn_min_rows
 
 
 def active() -> bool:
-    """Whether `linear` runs on oneDNN in this process (where the weight allows)."""
-    return _enabled and torch.backends.mkldnn.is_available()
+    """Whether `linear` runs on oneDNN under the current runtime (where the weight
+    allows)."""
+    return Runtime.current().onednn and torch.backends.mkldnn.is_available()
 
 
 def bf16_native() -> bool:
@@ -217,12 +186,17 @@ def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
 
 
 def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
-    return not _enabled or torch.is_grad_enabled() or any(dtype != w.dtype for w in weights)
+    return (
+        not Runtime.current().onednn
+        or torch.is_grad_enabled()
+        or any(dtype != w.dtype for w in weights)
+    )
 
 
 def settings() -> tuple[bool, int, bool]:
     """What a resolution depends on beside its tensors and row count."""
-    return _enabled, _min_rows, torch.is_grad_enabled()
+    runtime = Runtime.current()
+    return runtime.onednn, runtime.onednn_min_rows, torch.is_grad_enabled()
 
 
 def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:

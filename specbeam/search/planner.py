@@ -12,8 +12,9 @@ apart). Exact decoding only: either choice gives the same output.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import final
+from typing import Any, final
 
 from specbeam.search.draft import DraftShape
 from specbeam.search.stats import SpecStats
@@ -38,6 +39,17 @@ class PlanCosts:
     draft: LinearCost  # one draft call likewise
     accept_ms: float  # a speculative pass's work beside its calls (acceptance, commits, tables), per source
     plain_step_ms: float  # the plain search's own work per step beside its target call
+
+    @classmethod
+    def from_stored(cls, costs: Mapping[str, Any]) -> PlanCosts:
+        """From their stored form (`hardware.costs`: `target` and `draft` as [a, b])."""
+        try:
+            return cls(
+                LinearCost(*costs["target"]), LinearCost(*costs["draft"]),
+                float(costs["accept_ms"]), float(costs["plain_step_ms"]),
+            )  # fmt: skip
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"hardware.costs is incomplete or malformed: {error}") from None
 
     def pass_ms(
         self, speculative: bool, beam_size: int, num_sources: float, shape: PassShape

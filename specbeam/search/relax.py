@@ -25,12 +25,6 @@ class Relaxation:
     gap: float = 2.0
     """And its target log-prob at most this far below the target's best."""
 
-    def validate(self) -> None:
-        if self.top < 1:
-            raise ValueError(f"`relax_top` must be ≥ 1, but is {self.top}.")
-        if self.gap < 0:
-            raise ValueError(f"`relax_gap` must be ≥ 0, but is {self.gap}.")
-
 
 @dataclass
 class RelaxedStep:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import final
+from typing import Any, final
 
 import torch
 from fairseq2.data.tokenizers import VocabularyInfo
@@ -34,11 +34,13 @@ from torch.nn.functional import softmax
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from specbeam.search.config import SpeculativeSearchConfig
 from specbeam.search.draft import Drafter, DraftShape
 from specbeam.search.generator import SpeculativeGeneratorOutput
 from specbeam.search.head import DraftHead
 from specbeam.search.memory import cache_capacity, checked_increment, head_chain_len
 from specbeam.search.rules import ScoringRules, length_limits
+from specbeam.search.runtime import Runtime
 from specbeam.search.stats import SpecStats
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
@@ -158,33 +160,25 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         target_vocab_info: VocabularyInfo,
         sampler: Sampler,
         *,
+        config: SpeculativeSearchConfig | None = None,
         num_gens: int = 1,
-        min_gen_len: int = 1,
-        max_gen_len: tuple[float, int] = (1.0, 128),
-        max_seq_len: int | None = None,
-        echo_prompt: bool = False,
         compute_scores: bool = False,
-        normalize_scores: bool = True,
-        temperature: float = 0.6,
-        unk_penalty: float = 0.0,
-        len_penalty: float = 1.0,
-        prefill_chunk_size: int | None = 512,
-        decode_capacity_increment: int | None = 16,
         step_processors: Sequence[StepProcessor] | None = None,
-        gamma: int = 4,
         generator: torch.Generator | None = None,
-        lean_draft: bool = True,
-        lean_target: bool = True,
+        **settings: Any,
     ) -> None:
+        """`config` and `settings` as in `SpeculativeBeamSearchSeq2SeqGenerator`; of the
+        search settings, sampling reads fairseq2's (but `beam_size`), `gamma` and the lean
+        decoders'."""
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
         if step_processors:
             raise NotSupportedError("step processors are not supported by speculative sampling yet")
-        for name, value in (("num_gens", num_gens), ("min_gen_len", min_gen_len), ("gamma", gamma)):
-            if value < 1:
-                raise ValueError(f"`{name}` must be ≥ 1, but is {value}.")
-        if temperature <= 0:
-            raise ValueError(f"`temperature` must be > 0, but is {temperature}.")
+        if num_gens < 1:
+            raise ValueError(f"`num_gens` must be ≥ 1, but is {num_gens}.")
+        self.config = config = SpeculativeSearchConfig.of(config, **settings)
+        config.validate()
+        s = config.search
         model.eval()
         draft_model.eval()
         self._model = model
@@ -192,21 +186,13 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         self._vocab_info = target_vocab_info
         self._filter = sampler_filter(sampler)
         self._num_gens = num_gens
-        self._min_gen_len = min_gen_len
-        self._max_gen_len = max_gen_len
+        self._max_gen_len = s.gen_len
         limit = model.max_target_seq_len
-        self._max_seq_len = limit if max_seq_len is None else min(max_seq_len, limit)
-        self._capacity_increment = checked_increment(decode_capacity_increment)
-        self._lean_draft = lean_draft
-        self._lean_target = lean_target
-        self._echo_prompt = echo_prompt
+        self._max_seq_len = limit if s.max_seq_len is None else min(s.max_seq_len, limit)
+        self._capacity_increment = checked_increment(s.decode_capacity_increment)
         self._compute_scores = compute_scores
-        self._normalize_scores = normalize_scores
-        self._temperature = temperature
-        self._unk_penalty = unk_penalty
-        self._len_penalty = len_penalty
-        self._gamma = gamma
         self._generator = generator
+        self._runtime = Runtime(config.machine.runtime_config())
 
     @property
     @override
@@ -232,9 +218,19 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
+        with self._runtime.active():
+            return self._generate(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
+
+    def _generate(
+        self,
+        source_seqs: Tensor,
+        source_seqs_layout: BatchLayout,
+        prompt_seqs: Tensor,
+        prompt_seqs_layout: BatchLayout,
+    ) -> SpeculativeGeneratorOutput:
         prompt_len, min_seq_len, max_seq_len = length_limits(
-            source_seqs_layout, prompt_seqs_layout, self._max_gen_len, self._min_gen_len,
-            self._max_seq_len,
+            source_seqs_layout, prompt_seqs_layout, self._max_gen_len,
+            self.config.search.min_gen_len, self._max_seq_len,
         )  # fmt: skip
         g = self._num_gens
         seq_lens = [n for n in source_seqs_layout.seq_lens for _ in range(g)]
@@ -264,17 +260,18 @@ class _SampleOp:
     ) -> None:
         rows, prompt_len = prompts.shape
         self.gen = gen
+        s = gen.config.search
         self.rules = TargetRules(
-            gen._vocab_info, gen._temperature, gen._unk_penalty, min_seq_len, max_seq_len, gen._filter
+            gen._vocab_info, s.temperature, s.unk_penalty, min_seq_len, max_seq_len, gen._filter
         )  # fmt: skip
         chain_len = prompt_len
         if isinstance(gen._draft_model, DraftHead):
-            chain_len = head_chain_len(prompt_len, gen._gamma)
-        capacity = cache_capacity(max_seq_len, chain_len, 1, gen._gamma, 1)
+            chain_len = head_chain_len(prompt_len, s.gamma)
+        capacity = cache_capacity(max_seq_len, chain_len, 1, s.gamma, 1)
         target, draft = TreeDecoder.pair(
             gen.model, gen._draft_model, sources, layout, hyps_per_source=1, capacity=capacity,
-            capacity_increment=gen._capacity_increment, lean_draft=gen._lean_draft,
-            lean_target=gen._lean_target,
+            capacity_increment=gen._capacity_increment, lean_draft=s.lean_draft,
+            lean_target=s.lean_target,
         )  # fmt: skip
         self.verifier = Verifier(target)
         self.draw = DraftSampler(gen._filter, gen._generator)
@@ -282,16 +279,16 @@ class _SampleOp:
             eos_idx=int(gen._vocab_info.eos_idx),  # type: ignore[arg-type]
             pad_idx=gen._vocab_info.pad_idx,
             unk_idx=gen._vocab_info.unk_idx,
-            unk_penalty=gen._unk_penalty,
-            temperature=gen._temperature,
+            unk_penalty=s.unk_penalty,
+            temperature=s.temperature,
             min_seq_len=min_seq_len,
             max_seq_len=max_seq_len,
         )
         # The whole vocabulary: acceptance compares the draft's q with p token by token.
-        shape = DraftShape(strategy="linear", depth=gen._gamma, width=1, beam_size=1, vocab=0)
+        shape = DraftShape(strategy="linear", depth=s.gamma, width=1, beam_size=1, vocab=0)
         self.drafter = Drafter(draft, draft_rules, prompts[:, None, :], shape, self.draw)
         # Room for a pass's positions past the end (never kept: the last step is EOS).
-        seqs = torch.zeros((rows, max_seq_len + gen._gamma + 1), dtype=torch.int64)
+        seqs = torch.zeros((rows, max_seq_len + s.gamma + 1), dtype=torch.int64)
         seqs[:, :prompt_len] = prompts
         self.state = SampleState(
             seqs,
@@ -402,15 +399,15 @@ class _SampleOp:
     def _finish(self, row: int) -> None:
         """fairseq2's `_finish_sequence` of the sampling generator."""
         gen, state = self.gen, self.state
-        start = 0 if gen._echo_prompt else self.prompts.size(1)
+        start = 0 if gen.config.search.echo_prompt else self.prompts.size(1)
         end = int(state.step_nr[row])
         seq = state.seqs[row, start:end].clone()
         score, step_scores = None, None
         if gen._compute_scores:
             all_scores = state.step_scores[row, :end]
             score = all_scores[1:].log().sum()
-            if gen._normalize_scores:
-                score /= (end - 1) ** gen._len_penalty
+            if gen.config.search.normalize_scores:
+                score /= (end - 1) ** gen.config.search.len_penalty
             step_scores = all_scores[start:].clone()
         self.output[int(state.row_ids[row]) // gen._num_gens].append(
             Hypothesis(seq, score, step_scores)

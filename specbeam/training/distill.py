@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
 from specbeam.apps.inference import translate_texts
-from specbeam.apps.paths import REPO_ROOT
+from specbeam.paths import REPO_ROOT
 
 log = logging.getLogger("specbeam.distill")
 

@@ -26,7 +26,6 @@ from tqdm import tqdm
 
 from specbeam.apps.data import read_tsv, teacher_forcing, token_batches, tokenize_pairs
 from specbeam.apps.inference import translate_texts
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import (
     ModelArch,
@@ -37,6 +36,7 @@ from specbeam.integration.models import (
     num_parameters,
     save_model,
 )
+from specbeam.paths import REPO_ROOT
 from specbeam.training.teacher import TeacherTopK, load_or_compute
 
 log = logging.getLogger("specbeam.train")

@@ -34,9 +34,9 @@ from torch.nn.functional import log_softmax, smooth_l1_loss, softmax
 from tqdm import tqdm
 
 from specbeam.apps.data import read_tsv, target_prompt_len, token_batches, tokenize_pairs
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import atomic_save, load_model, save_head
+from specbeam.paths import REPO_ROOT
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.lean_decoder import (
     KeysWith,

@@ -16,7 +16,7 @@ from specbeam.apps.app import check_group_choices, command_line_settings, run_ap
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.inference import translate_texts
-from specbeam.apps.paths import REPO_ROOT
+from specbeam.paths import REPO_ROOT
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 
@@ -56,8 +56,7 @@ def build_error(*overrides: str) -> str:
         (["decoding=relaxed", "decoding.relax_gap=-1"], "decoding.relax_gap=-1.0 is invalid"),
         (
             ["decoding=relaxed", "decoding.max_speculative_batch=4"],
-            "decoding.max_speculative_batch=4 is invalid: applies to exact speculative beam "
-            "search only",
+            "decoding.max_speculative_batch=4 is invalid: must be 0 with relaxed acceptance",
         ),
         (["decoding.max_speculative_batch=-1"], "decoding.max_speculative_batch=-1 is invalid"),
         (

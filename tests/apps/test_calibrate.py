@@ -24,10 +24,12 @@ from specbeam.apps.calibrate import (
     predict_speedup,
     write_hardware,
 )
-from specbeam.apps.decoding import load_decoding
+from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import ModelPairConfig, build_model
+from specbeam.search.config import SpeculativeSearchConfig
+from specbeam.search.planner import Planner
 from tests.conftest import TARGET_ARCH, sources
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +94,7 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     assert tuned.gamma in (2, 3) and tuned.draft_width in (5, 6)
     assert tuned.gamma_bounds == [1, 4]  # hardware=cpu's other tuned settings are kept
     # The planner runs on the costs calibration measured, τ as the best cell saw it.
-    planner = hw.planner(tuned)
+    planner = SpeculativeSearchConfig(tuned, hw).planner()
     assert planner is not None and planner.shape.tau == tuned.plan_tau > 0
     assert planner.costs.target == LinearCost(*hw.costs["target"])
     assert hw.tune(load_decoding("spec_sample")) == load_decoding("spec_sample")  # not tuned
@@ -156,11 +158,15 @@ def test_cpu_config_plans_exact_decodings_only() -> None:
     """hardware=cpu's cost model: exact spec_beam speculates one sentence at a time and runs
     plain search for batches (compute-bound verification); relaxed is never switched."""
     hardware = load_hardware("cpu")
-    planner = hardware.planner(hardware.tune(load_decoding("spec_beam")))
-    assert planner is not None and planner.speedup(16) < 0.5 < planner.speedup(1)
-    assert hardware.planner(hardware.tune(load_decoding("relaxed"))) is None
-    assert hardware.planner(load_decoding("spec_beam:plan=false")) is None
-    with pytest.raises(ValueError, match="hardware=gpu9: no .*allowed: cpu"):
+
+    def planner(decoding: DecodingConfig) -> Planner | None:
+        return SpeculativeSearchConfig(decoding, hardware).planner()
+
+    spec_beam = planner(hardware.tune(load_decoding("spec_beam")))
+    assert spec_beam is not None and spec_beam.speedup(16) < 0.5 < spec_beam.speedup(1)
+    assert planner(hardware.tune(load_decoding("relaxed"))) is None
+    assert planner(load_decoding("spec_beam:plan=false")) is None
+    with pytest.raises(ValueError, match="hardware=gpu9 is unknown; allowed: cpu"):
         load_hardware("gpu9")
 
 

@@ -6,9 +6,9 @@ from omegaconf import OmegaConf
 
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
-from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.paths import REPO_ROOT
 
 SOURCES = ["En el principio crió Dios los cielos y la tierra.", "Y dijo Dios: Sea la luz.", "Amén."]
 

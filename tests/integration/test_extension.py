@@ -349,7 +349,10 @@ def test_recipe_selects_generator_by_name(
 
     generator = out.generator
     assert isinstance(generator, SpeculativeBeamSearchSeq2SeqGenerator)
-    assert generator._beam_size == beam_size and generator._draft_shape.strategy == strategy
+    assert (
+        generator.config.search.beam_size == beam_size
+        and generator._draft_shape.strategy == strategy
+    )
     # Both models came from their asset cards.
     _assert_same_weights(generator.model, tiny_target)
     _assert_same_weights(generator.draft_model, tiny_draft)

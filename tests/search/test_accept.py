@@ -22,12 +22,11 @@ PAD, EOS, VOCAB, K = 0, 1, 8, 2
 
 
 @pytest.fixture(params=[True, False], ids=["compiled", "python"])
-def compiled(request):
+def compiled(request, use_runtime):
     """Acceptance through csrc/accept.cpp, or through its Python loops."""
     assert native.build() is not None  # else both would be the Python loops
-    native.enable(request.param)
-    yield request.param
-    native.enable(True)
+    use_runtime(native=request.param)
+    return request.param
 
 
 def _logits(probs: dict[int, float]) -> torch.Tensor:
@@ -294,7 +293,7 @@ def _tree_case(seed: int) -> tuple:
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_the_compiled_replay_is_the_python_replay(seed: int) -> None:
+def test_the_compiled_replay_is_the_python_replay(seed: int, use_runtime) -> None:
     """`accept.cpp` against `_accept_tree`'s Python loop: the same hypotheses, scores,
     cache origins and finished hypotheses (in the same order), bounded or not (an UNK
     bonus lets children outscore their parent)."""
@@ -303,15 +302,12 @@ def test_the_compiled_replay_is_the_python_replay(seed: int) -> None:
     finish = HypothesisFactory(EOS, 2, echo_prompt=False, normalize_scores=True, len_penalty=1.0)
     rules = ScoringRules(EOS, PAD, 3, [0.0, -1.0][seed % 2], 1.0, 4, max_seq_len)
     results = []
-    try:
-        for compiled in (False, True):
-            native.enable(compiled)
-            s = copy.deepcopy(state)
-            output: list[list] = [["earlier"] * f for f in finished]
-            acceptance = BeamAcceptor(rules, 3, finish).accept(s, verification, tree, output)
-            results.append((acceptance, s, output))
-    finally:
-        native.enable(True)
+    for compiled in (False, True):
+        use_runtime(native=compiled)
+        s = copy.deepcopy(state)
+        output: list[list] = [["earlier"] * f for f in finished]
+        acceptance = BeamAcceptor(rules, 3, finish).accept(s, verification, tree, output)
+        results.append((acceptance, s, output))
     (want, want_state, want_out), (got, got_state, got_out) = results
     for field in ["origin", "node", "roots", "steps", "accepted", "done"]:
         assert torch.equal(getattr(got, field), getattr(want, field)), field

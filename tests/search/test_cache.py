@@ -12,7 +12,6 @@ from torch.nn.functional import log_softmax
 from specbeam.apps.data import pad
 from specbeam.search.cache import (
     CrossAttentionState,
-    SpareBuffers,
     SpeculativeKVCache,
     surviving_rows,
 )
@@ -227,38 +226,6 @@ def test_bytes_held_counts_live_positions_only() -> None:
     assert cache.nbytes() == 2 * 16 * per_position
     cache.select_sources(torch.tensor([], dtype=torch.int64))
     assert cache.bytes_held() == 0
-
-
-def test_spares_hand_out_zeroed_storage_best_fit_first() -> None:
-    spares = SpareBuffers(limit_bytes=4 * 100)
-    small, large = spares.take(10, torch.float32, CPU), spares.take(50, torch.float32, CPU)
-    small.fill_(3.0)
-    large.fill_(5.0)
-    spares.give(large)
-    spares.give(small)
-    got = spares.take(8, torch.float32, CPU)
-    assert got.data_ptr() == small.data_ptr() and (got[:8] == 0).all()
-    assert spares.take(8, torch.float32, CPU).data_ptr() == large.data_ptr()
-    assert spares.take(8, torch.float32, CPU).data_ptr() not in (small.data_ptr(), large.data_ptr())
-    assert spares.take(8, torch.float16, CPU).dtype == torch.float16  # never another dtype's
-
-
-def test_spares_keep_no_more_than_their_limit() -> None:
-    spares = SpareBuffers(limit_bytes=4 * 60)
-    buffers = [spares.take(n, torch.float32, CPU) for n in (10, 20, 40)]
-    for b in buffers:
-        spares.give(b)
-    # 70 elements exceed the limit: the smallest is dropped.
-    assert sorted(b.numel() for b in spares._free) == [20, 40]
-
-
-def test_spares_of_inference_mode_stay_there() -> None:
-    spares = SpareBuffers(limit_bytes=2**20)
-    with torch.inference_mode():
-        spares.give(spares.take(10, torch.float32, CPU))
-    outside = spares.take(10, torch.float32, CPU)
-    assert not outside.is_inference()
-    outside.add_(1.0)  # writable here
 
 
 def test_a_released_cache_lends_its_buffer_to_the_next() -> None:

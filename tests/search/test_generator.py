@@ -22,10 +22,10 @@ from specbeam.apps.data import pad
 from specbeam.integration.models import build_shallow_draft
 from specbeam.search import lean_decoder
 from specbeam.search.accept import BeamAcceptor
-from specbeam.search.draft import Drafter, DraftShape
+from specbeam.search.config import SearchSettings
+from specbeam.search.draft import Drafter
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead, HeadArch
-from specbeam.search.relax import Relaxation
 from tests.conftest import DRAFT_ARCH, NLLB_PROMPT, PROMPT, sources
 
 SCORE_TOL = 1e-5
@@ -305,16 +305,16 @@ def test_batches_above_the_limit_run_plain_beam_search(
 ) -> None:
     caplog.set_level(logging.INFO, logger="specbeam.search.generator")
     generator = SpeculativeBeamSearchSeq2SeqGenerator(
-        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, max_speculative_sources=2
+        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, max_speculative_batch=2
     )
     beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
     for n, speculative in ((2, True), (3, False)):
         assert_plain_iff_not(speculative, generator, beam, batch=n, seed=40)
     assert "more than 2 sentences (decoding.max_speculative_batch) run plain" in caplog.text
-    with pytest.raises(ValueError, match="needs exact decoding"):
+    with pytest.raises(ValueError, match="max_speculative_batch` must be 0 with relaxed"):
         SpeculativeBeamSearchSeq2SeqGenerator(
-            tiny_target, tiny_draft, vocab_info, relaxation=Relaxation(2, 1.0),
-            max_speculative_sources=2,
+            tiny_target, tiny_draft, vocab_info, relax_top=2, relax_gap=1.0,
+            max_speculative_batch=2,
         )  # fmt: skip
 
 
@@ -484,7 +484,7 @@ def test_equivalence_with_a_head_drafting_from_part_of_the_vocabulary(
     head.vocab = torch.randperm(vocab_info.size)
     case = Case.draw(seed)
     keywords = {"draft_strategy": case.strategy, "draft_width": case.draft_width, **case.shape}
-    shape = DraftShape.of(beam_size=case.beam_size, gamma=case.gamma, **keywords)
+    shape = SearchSettings(beam_size=case.beam_size, gamma=case.gamma, **keywords).draft_shape()
     size = shape.width + seed % 5
     allowed = set(head.draft_projection(size, (int(vocab_info.eos_idx), vocab_info.pad_idx))[0].tolist())  # fmt: skip
     drafted: set[int] = set()

@@ -12,8 +12,9 @@ from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from specbeam.apps.data import pad
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
+from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from specbeam.search.memory import DecoderSize, SourceBytes, fit_budget, source_bytes
+from specbeam.search.memory import MB, DecoderSize, SourceBytes, fit_budget, source_bytes
 from tests.conftest import NLLB_PROMPT, sources
 from tests.search.test_generator import assert_same
 
@@ -36,10 +37,15 @@ def per_source(target, draft, args: tuple, k: int, depth: int, width: int) -> So
     )  # fmt: skip
 
 
-def spec(target, draft, vocab_info, **kwargs) -> SpeculativeBeamSearchSeq2SeqGenerator:
+def spec(
+    target, draft, vocab_info, memory_budget_bytes: int | None = None, **kwargs
+) -> SpeculativeBeamSearchSeq2SeqGenerator:
+    """A generator whose machine has this memory budget (bytes; None: unlimited)."""
+    machine = MachineSettings(memory_budget_mb=(memory_budget_bytes or 0) / MB)
     return SpeculativeBeamSearchSeq2SeqGenerator(
-        target, draft, vocab_info, max_gen_len=MAX_GEN_LEN, **kwargs
-    )
+        target, draft, vocab_info, config=SpeculativeSearchConfig(machine=machine),
+        max_gen_len=MAX_GEN_LEN, **kwargs,
+    )  # fmt: skip
 
 
 def test_chunks_give_the_same_output_and_a_lower_peak(tiny_target, tiny_draft, vocab_info):
@@ -139,9 +145,8 @@ def test_hardware_budget_reaches_the_generator(tiny_target, tiny_draft, vocab_in
     assert HardwareConfig(memory_budget_mb=0).memory_budget_bytes is None
     hardware = HardwareConfig(memory_budget_mb=1e-4)  # 104 bytes: nothing fits
     generator = make_generator(
-        DecodingConfig(max_gen_len=list(MAX_GEN_LEN)), tiny_target, tiny_draft, vocab_info,
-        memory_budget_bytes=hardware.memory_budget_bytes,
-    )  # fmt: skip
+        DecodingConfig(max_gen_len=MAX_GEN_LEN), tiny_target, tiny_draft, vocab_info, hardware
+    )
     with pytest.raises(ValueError, match=r"memory_budget_mb is too small.* budget is 104 bytes"):
         generator(*batch(seed=10, n=1))
     with pytest.raises(ValueError, match=r"hardware.memory_budget_mb=-1 is invalid: must be ≥ 0"):

@@ -19,13 +19,6 @@ from tests.conftest import NLLB_PROMPT, sources
 from tests.search.test_tree_attention import random_tree
 
 
-@pytest.fixture(autouse=True)
-def _restore():
-    yield
-    native.enable(True)
-    onednn.set_min_rows(onednn.default_min_rows())
-
-
 def test_the_extension_builds_here() -> None:
     """CI's machine has a compiler (scripts/setup.sh installs g++): the other tests here
     would otherwise compare the Python path with itself."""
@@ -34,11 +27,11 @@ def test_the_extension_builds_here() -> None:
 
 @pytest.mark.parametrize("min_rows", [1, 10_000], ids=["onednn", "mkl"])
 def test_native_layers_match_the_python_loop_bit_for_bit(
-    tiny_target, monkeypatch, min_rows
+    tiny_target, monkeypatch, min_rows, use_runtime
 ) -> None:
     """Rounds of tree calls on a padded batch, every other one packed, reading taps, and
     commits: the same masks, states, taps, logits and cache contents whichever loop ran."""
-    onednn.set_min_rows(min_rows)
+    use_runtime(onednn_min_rows=min_rows)
     monkeypatch.setattr(onednn, "PACK_AFTER", 1)  # MKL's packed GEMM from the first call
     gen = torch.Generator().manual_seed(5)
     k, srcs = 2, sources(seed=23, batch=3)
@@ -64,7 +57,7 @@ def test_native_layers_match_the_python_loop_bit_for_bit(
                 assert packing is not None
             results = []
             for use_native, dec in zip((False, True), decoders, strict=True):
-                native.enable(use_native)
+                use_runtime(native=use_native)
                 hidden = dec.forward(*table.query(0, table.size), packing=packing)
                 column = dec.cache.prefix_columns(table.hyp)
                 bias = tree_bias(dec.cache.lens, 2, column, table.visible, torch.float32)
@@ -78,14 +71,16 @@ def test_native_layers_match_the_python_loop_bit_for_bit(
             keep = table.visible[torch.arange(3)[:, None], chosen, : table.size]
             origin = torch.randint(0, k, (3, k), generator=gen)
             for use_native, dec in zip((False, True), decoders, strict=True):
-                native.enable(use_native)  # the prefixes' reorder is compiled too
+                use_runtime(native=use_native)  # the prefixes' reorder is compiled too
                 dec.cache.commit(origin, keep)
 
 
-def test_a_kept_resolution_follows_the_packing_of_recurring_rows(tiny_target, monkeypatch) -> None:
+def test_a_kept_resolution_follows_the_packing_of_recurring_rows(
+    tiny_target, monkeypatch, use_runtime
+) -> None:
     """A call's products are resolved once per row count and kept, but not while MKL still
     counts uses before packing a weight: the kept products are the packed ones."""
-    onednn.set_min_rows(10_000)  # every fp32 product on MKL
+    use_runtime(onednn_min_rows=10_000)  # every fp32 product on MKL
     monkeypatch.setattr(onednn, "PACK_AFTER", 3)
     monkeypatch.setattr(onednn, "_row_packs", onednn._PerTensor())  # none packed yet
     src, layout = pad(sources(seed=7, batch=2), 0)
@@ -105,7 +100,7 @@ def test_a_kept_resolution_follows_the_packing_of_recurring_rows(tiny_target, mo
 
 @pytest.mark.parametrize("draft", ["random_head", "fused_head", "tiny_draft"])
 def test_speculative_search_is_the_same_on_either_loop(
-    request, tiny_target, vocab_info, draft
+    request, tiny_target, vocab_info, draft, use_runtime
 ) -> None:
     drafter = request.getfixturevalue(draft)
     srcs = sources(seed=41, batch=3)
@@ -113,7 +108,7 @@ def test_speculative_search_is_the_same_on_either_loop(
     prompts, prompt_layout = pad([NLLB_PROMPT] * len(srcs), 0)
     outputs = []
     for use_native in (False, True):
-        native.enable(use_native)
+        use_runtime(native=use_native)
         generator = SpeculativeBeamSearchSeq2SeqGenerator(
             tiny_target, drafter, vocab_info, beam_size=3, gamma=2, draft_width=4,
             max_gen_len=(2.0, 6), lean_draft=True, lean_target=True,
@@ -125,10 +120,12 @@ def test_speculative_search_is_the_same_on_either_loop(
     assert outputs[0].stats.passes_per_source == outputs[1].stats.passes_per_source
 
 
-def test_switched_off_or_unbuildable_it_runs_in_python(monkeypatch, caplog, tmp_path) -> None:
-    native.enable(False)
+def test_switched_off_or_unbuildable_it_runs_in_python(
+    monkeypatch, caplog, tmp_path, use_runtime
+) -> None:
+    use_runtime(native=False)
     assert native.module() is None
-    native.enable(True)
+    use_runtime(native=True)
     caplog.set_level(logging.WARNING, logger="specbeam.search.native")
 
     def no_compiler(*_args, **_kwargs):

@@ -11,13 +11,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _enabled():
+def _enabled(use_runtime):
     """oneDNN at every row count, as on CPUs other than Intel's."""
-    onednn.enable(True)
-    onednn.set_min_rows(1)
-    yield
-    onednn.enable(True)
-    onednn.set_min_rows(onednn.default_min_rows())
+    use_runtime(onednn=True, onednn_min_rows=1)
 
 
 needs_mkl = pytest.mark.skipif(
@@ -90,13 +86,13 @@ def test_autograd_runs_torch_linear():
 
 
 @torch.inference_mode()
-def test_switched_off_packs_nothing():
+def test_switched_off_packs_nothing(use_runtime):
     w, b = weights()
     x = torch.randn(7, 64)
-    onednn.enable(False)
+    use_runtime(onednn=False)
     assert torch.equal(linear(x, w, b), torch_linear(x, w, b))
     assert w not in onednn._packed
-    onednn.enable(True)
+    use_runtime(onednn=True)
     linear(x, w, b)
     assert w in onednn._packed
 
@@ -142,13 +138,13 @@ def test_stacked_linears_repack_when_any_weight_changes():
     torch.testing.assert_close(got[2], torch_linear(x, ws[2], bs[2]), rtol=0, atol=1e-5)
 
 
-def test_stacked_linears_run_torch_under_autograd_and_when_off():
+def test_stacked_linears_run_torch_under_autograd_and_when_off(use_runtime):
     ws, bs = group()
     x = torch.randn(4, 64)
     ws[0].requires_grad_(True)
     sum(t.sum() for t in linears(x, ws, bs)).backward()
     assert ws[0].grad is not None and ws[0] not in onednn._fused
-    onednn.enable(False)
+    use_runtime(onednn=False)
     with torch.inference_mode():
         got = linears(x, ws, bs)
     assert ws[0] not in onednn._fused
@@ -156,11 +152,11 @@ def test_stacked_linears_run_torch_under_autograd_and_when_off():
 
 
 @torch.inference_mode()
-def test_fp32_products_below_min_rows_run_torch_linear():
+def test_fp32_products_below_min_rows_run_torch_linear(use_runtime):
     """Bit for bit torch's below the threshold (MKL's kernels); oneDNN from it on."""
     w, b = weights()
     stacked = [weights(seed=s) for s in (1, 2)]
-    onednn.set_min_rows(4)
+    use_runtime(onednn_min_rows=4)
     few, many = torch.randn(3, 64), torch.randn(2, 2, 64)
     assert torch.equal(linear(few, w, b), torch_linear(few, w, b))
     outs = linears(few, [s[0] for s in stacked], [s[1] for s in stacked])
@@ -173,10 +169,10 @@ def test_fp32_products_below_min_rows_run_torch_linear():
 @needs_mkl
 @pytest.mark.parametrize("with_bias", [True, False])
 @torch.inference_mode()
-def test_a_recurring_row_count_runs_on_a_weight_packed_for_it(with_bias):
+def test_a_recurring_row_count_runs_on_a_weight_packed_for_it(with_bias, use_runtime):
     """Torch's own MKL call until the count has recurred, then MKL's packed GEMM: the same
     numbers up to fp32 rounding, for plain and stacked linears alike."""
-    onednn.set_min_rows(8)
+    use_runtime(onednn_min_rows=8)
     w, b = weights()
     bias = b if with_bias else None
     ws, bs = group()
@@ -195,8 +191,8 @@ def test_a_recurring_row_count_runs_on_a_weight_packed_for_it(with_bias):
 
 @needs_mkl
 @torch.inference_mode()
-def test_at_most_a_few_row_counts_are_packed_per_weight():
-    onednn.set_min_rows(8)
+def test_at_most_a_few_row_counts_are_packed_per_weight(use_runtime):
+    use_runtime(onednn_min_rows=8)
     w, b = weights()
     for rows in range(1, 8):
         for _ in range(onednn.PACK_AFTER):
@@ -210,8 +206,8 @@ def test_at_most_a_few_row_counts_are_packed_per_weight():
 
 
 @needs_mkl
-def test_a_changed_weight_drops_its_row_packings():
-    onednn.set_min_rows(8)
+def test_a_changed_weight_drops_its_row_packings(use_runtime):
+    use_runtime(onednn_min_rows=8)
     w, b = weights()
     x = torch.randn(5, 64)
     with torch.inference_mode():

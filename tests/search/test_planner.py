@@ -7,6 +7,7 @@ import logging
 import pytest
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
+from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 from specbeam.search.stats import SpecStats
@@ -14,6 +15,9 @@ from tests.search.test_generator import assert_plain_iff_not
 
 # This machine's shape (DESIGN.md §8): a call costs 10.3 ms + 0.3 ms per query token.
 CPU = PlanCosts(LinearCost(10.3, 0.3), LinearCost(1.9, 0.03), accept_ms=1.0, plain_step_ms=1.5)
+STORED = {"target": [10.3, 0.3], "draft": [1.9, 0.03], "accept_ms": 1.0, "plain_step_ms": 1.5}
+ON_CPU = SpeculativeSearchConfig(machine=MachineSettings(costs=STORED))
+"""A search whose machine stores CPU's costs, so that its generators plan."""
 
 
 def test_speedup_is_steps_per_pass_times_plain_step_over_pass() -> None:
@@ -66,10 +70,11 @@ def test_generator_follows_the_planner(tiny_target, tiny_draft, vocab_info, capl
     """Batches the planner prices as slower with the draft run plain, with the same output;
     speculative calls feed it their τ."""
     caplog.set_level(logging.INFO, logger="specbeam.search.generator")
-    planner = Planner(CPU, beam_size=4, shape=PassShape(tau=2.5))
     generator = SpeculativeBeamSearchSeq2SeqGenerator(
-        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, planner=planner
+        tiny_target, tiny_draft, vocab_info, config=ON_CPU, beam_size=4, gamma=3, plan_tau=2.5
     )
+    planner = generator.planner
+    assert planner is not None and planner.costs == CPU
     beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
     for n, speculative in ((1, True), (16, False)):
         assert_plain_iff_not(speculative, generator, beam, batch=n, seed=41)
@@ -118,11 +123,12 @@ def test_the_first_timed_passes_set_the_factor_as_their_mean() -> None:
 def test_generator_times_both_kinds_of_call(tiny_target, tiny_draft, vocab_info, monkeypatch):
     """Speculative and plain calls report their times (the decision itself is fixed here:
     the tiny models' times would move it)."""
-    planner = Planner(CPU, beam_size=4, shape=PassShape(tau=2.5))
-    monkeypatch.setattr(planner, "speculate", lambda num_sources: num_sources == 1)
     generator = SpeculativeBeamSearchSeq2SeqGenerator(
-        tiny_target, tiny_draft, vocab_info, beam_size=4, gamma=3, planner=planner, plain="lean"
+        tiny_target, tiny_draft, vocab_info, config=ON_CPU, beam_size=4, gamma=3, plain="lean"
     )
+    planner = generator.planner
+    assert planner is not None
+    monkeypatch.setattr(planner, "speculate", lambda num_sources: num_sources == 1)
     beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
     for _ in range(2):
         for n, speculative in ((1, True), (16, False)):

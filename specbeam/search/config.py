@@ -1,0 +1,230 @@
+"""The one configuration of a speculative search: every setting, its one default.
+
+`SpeculativeSearchConfig` is what the generators take. It has two parts:
+- `SearchSettings`: what the search does. fairseq2's beam search settings under
+  fairseq2's names and defaults (`BeamSettings`), and the speculation's own
+  (`SpeculationSettings`). The apps' decoding files set these (`decoding.gamma=…`), the
+  fairseq2 extension's generator config carries the same fields.
+- `MachineSettings`: how this machine runs it: kernels, memory, the planner's costs. The
+  apps' hardware files set these (`hardware.onednn=…`).
+The generators' fairseq2-style keyword arguments (`beam_size=5, gamma=4`) are search
+settings by the same names (`SpeculativeSearchConfig.of`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specbeam.search.draft import DraftShape
+from specbeam.search.memory import MB
+from specbeam.search.planner import PassShape, PlanCosts, Planner
+from specbeam.search.relax import Relaxation
+from specbeam.search.runtime import RuntimeConfig
+
+PLAIN_KINDS: tuple[str, ...] = ("lean", "fairseq2", "auto")
+
+
+@dataclass(kw_only=True)
+class BeamSettings:
+    """fairseq2's `BeamSearchConfig` (without `algo`): same names, same defaults."""
+
+    beam_size: int = 5
+    min_gen_len: int = 1
+    max_gen_len: tuple[float, int] = (1.0, 128)
+    """a, b: at most a × (longest source in the batch) + b tokens."""
+    max_seq_len: int | None = None
+    echo_prompt: bool = False
+    normalize_scores: bool = True
+    temperature: float = 1.0
+    unk_penalty: float = 0.0
+    len_penalty: float = 1.0
+    prefill_chunk_size: int | None = 512
+    """Accepted for drop-in compatibility: the prompt is decoded in the first pass."""
+    decode_capacity_increment: int | None = 16
+    """The caches' growth step, as in fairseq2; None: allocated for the length limit."""
+
+    @property
+    def gen_len(self) -> tuple[float, int]:
+        """`max_gen_len` as fairseq2's generators take it (a config file gives a list)."""
+        return float(self.max_gen_len[0]), int(self.max_gen_len[1])
+
+    def fairseq2_keywords(self) -> dict[str, Any]:
+        """These settings as keyword arguments of fairseq2's `BeamSearchSeq2SeqGenerator`."""
+        names = (f.name for f in dataclasses.fields(BeamSettings))
+        return {**{name: getattr(self, name) for name in names}, "max_gen_len": self.gen_len}
+
+
+@dataclass(kw_only=True)
+class SpeculationSettings:
+    """The draft tree, the acceptance rule, and when to speculate. Only a relaxation
+    (`relax_top`) changes the output; the rest changes speed."""
+
+    gamma: int = 4
+    """Draft depth: beam-search steps proposed per target pass."""
+    draft_strategy: str = "beam"
+    """beam: the draft's own beam search of `draft_width` from the live hypotheses;
+    linear: one greedy path per hypothesis; topm: the draft's `draft_branch` best tokens
+    for `draft_branch_depth` levels where its best token's probability is below
+    `draft_branch_below` (`specbeam.search.draft`)."""
+    draft_width: int | None = None
+    """Nodes kept per tree level; None: beam_size (topm: times draft_branch)."""
+    max_draft_nodes: int | None = None
+    """Verify only each source's this many most likely drafted nodes; None: all."""
+    draft_branch: int = 2
+    draft_branch_depth: int = 1
+    draft_branch_below: float = 1.0
+    draft_prune_margin: float | None = None
+    """Drop nodes scoring more than this below their level's k-th best; None: keep."""
+    gamma_bounds: tuple[int, int] | None = None
+    """lo, hi: adapt γ per source within these bounds; None: fixed γ."""
+    draft_vocab: int | None = None
+    """A draft head drafts from its this many most frequent target-side tokens (FR-Spec);
+    None: all the tokens it ranks (a draft without a ranking: the whole vocabulary); 0:
+    the whole vocabulary. Verification always covers all of it."""
+    relax_top: int = 0
+    """> 0: relaxed acceptance (not exact) within the target's top `relax_top`."""
+    relax_gap: float = 2.0
+    """Relaxed acceptance: and within this log-probability of the target's best."""
+    max_speculative_batch: int = 0
+    """> 0: calls with more sources run plain beam search (exact decoding only)."""
+    plan: bool = True
+    """Exact beam search: the machine's cost model chooses per call between speculation
+    and plain search (`specbeam.search.planner`), so that speculation never runs where it
+    is priced slower; false: always speculate."""
+    plan_tau: float = 1.8
+    """The planner's guess of τ before it has seen a pass."""
+    plain: str = "auto"
+    """The plain beam search of calls that do not speculate: lean (this generator's own
+    loop without a draft, on the lean decoder), fairseq2 (its
+    `BeamSearchSeq2SeqGenerator`), or auto (lean where the linears run on oneDNN or for
+    one source, else fairseq2's)."""
+    lean_draft: bool = True
+    """Run the draft's decoder as plain tensor ops (`specbeam.search.lean_decoder`)."""
+    lean_target: bool = True
+    """The same for the target's decoder (logits within 1e-5 of fairseq2's)."""
+
+
+@dataclass(kw_only=True)
+class SearchSettings(BeamSettings, SpeculationSettings):
+    """What the search does."""
+
+    def draft_shape(self) -> DraftShape:
+        width = self.draft_width
+        if width is None:
+            width = self.beam_size * (self.draft_branch if self.draft_strategy == "topm" else 1)
+        bounds = self.gamma_bounds
+        return DraftShape(
+            strategy=self.draft_strategy,  # type: ignore[arg-type]  # checked by problems()
+            depth=self.gamma,
+            width=width,
+            branch=self.draft_branch,
+            branch_depth=self.draft_branch_depth,
+            branch_below=self.draft_branch_below,
+            prune_margin=self.draft_prune_margin,
+            max_nodes=self.max_draft_nodes,
+            beam_size=self.beam_size,
+            depth_bounds=None if bounds is None else (bounds[0], bounds[-1]),
+            vocab=self.draft_vocab,
+        )
+
+    def relaxation(self) -> Relaxation | None:
+        return Relaxation(self.relax_top, self.relax_gap) if self.relax_top > 0 else None
+
+    @property
+    def exact_beam(self) -> bool:
+        """Exact speculative beam search: the only search whose output does not depend on
+        whether a call speculates, so the only one that may switch to plain search."""
+        return self.relax_top == 0
+
+    def problems(self, draft: bool = True) -> list[tuple[str, object, str]]:
+        """(setting, value, what is allowed) of every setting out of range; the draft
+        tree's only with `draft`."""
+        checks = [
+            ("beam_size", self.beam_size, self.beam_size >= 1, "≥ 1"),
+            ("min_gen_len", self.min_gen_len, self.min_gen_len >= 1, "≥ 1"),
+            ("max_gen_len", self.max_gen_len, len(self.max_gen_len) == 2, "[a, b]"),
+            ("temperature", self.temperature, self.temperature > 0, "> 0"),
+            ("gamma_bounds", self.gamma_bounds, self.gamma_bounds is None or len(self.gamma_bounds) == 2, "[lo, hi] or None"),
+            ("relax_top", self.relax_top, self.relax_top >= 0, "≥ 0"),
+            ("relax_gap", self.relax_gap, self.relax_gap >= 0, "≥ 0"),
+            ("max_speculative_batch", self.max_speculative_batch, self.max_speculative_batch >= 0, "≥ 0"),
+            ("plain", self.plain, self.plain in PLAIN_KINDS, f"one of {PLAIN_KINDS}"),
+            ("max_speculative_batch", self.max_speculative_batch, not (self.max_speculative_batch and self.relax_top), "0 with relaxed acceptance (it applies to exact search only)"),
+        ]  # fmt: skip
+        found = [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
+        if not draft or any(name == "gamma_bounds" for name, _, _ in found):
+            return found
+        return found + self.draft_shape().problems()
+
+
+@dataclass(kw_only=True)
+class MachineSettings(RuntimeConfig):
+    """How this machine runs a search: its kernels (`RuntimeConfig`), memory, costs."""
+
+    memory_budget_mb: float = 0
+    """Speculative decoding keeps its KV caches and logits within this many MiB by
+    decoding a call in chunks (same output), or a smaller draft; 0: unlimited."""
+    costs: dict[str, Any] = field(default_factory=dict)
+    """The planner's cost model (`PlanCosts.from_stored`), written by
+    `python -m specbeam.calibrate`; empty: no planner, exact search always speculates."""
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        return int(self.memory_budget_mb * MB) or None
+
+    def runtime_config(self) -> RuntimeConfig:
+        names = (f.name for f in dataclasses.fields(RuntimeConfig))
+        return RuntimeConfig(**{name: getattr(self, name) for name in names})
+
+    def problems(self) -> list[tuple[str, object, str]]:
+        found = super().problems()
+        if self.memory_budget_mb < 0:
+            found.append(("memory_budget_mb", self.memory_budget_mb, "≥ 0 (0 = unlimited)"))
+        return found
+
+
+@dataclass(frozen=True)
+class SpeculativeSearchConfig:
+    search: SearchSettings = field(default_factory=SearchSettings)
+    machine: MachineSettings = field(default_factory=MachineSettings)
+
+    @classmethod
+    def of(
+        cls, config: SpeculativeSearchConfig | None = None, **settings: Any
+    ) -> SpeculativeSearchConfig:
+        """`config` (default: every default) with search settings replaced by keyword:
+        the generators' fairseq2-style keyword arguments."""
+        config = config or cls()
+        if not settings:
+            return config
+        known = {f.name for f in dataclasses.fields(SearchSettings)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise TypeError(f"unknown search settings: {', '.join(unknown)}")
+        return cls(dataclasses.replace(config.search, **settings), config.machine)
+
+    def validate(self) -> None:
+        """Raises a ValueError naming the first setting out of range."""
+        for part in (self.search, self.machine):
+            for name, value, allowed in part.problems():
+                raise ValueError(f"`{name}` must be {allowed}, but is {value!r}.")
+
+    def planner(self, speculative: bool = True) -> Planner | None:
+        """A fresh planner on the machine's cost model; None without costs, without
+        planning, or where the search may not switch to plain search."""
+        s = self.search
+        if not (self.machine.costs and s.plan and s.exact_beam and speculative):
+            return None
+        shape = PassShape.expected(s.draft_shape(), s.plan_tau)
+        return Planner(PlanCosts.from_stored(self.machine.costs), s.beam_size, shape)
+
+
+def settings_of(kind: type, source: object, **changes: Any) -> Any:
+    """A `kind` dataclass from the same-named fields of `source` (a config that carries
+    them, such as fairseq2's `BeamSearchConfig` subclass of the extension), with `changes`."""
+    names = {f.name for f in dataclasses.fields(kind)}
+    values: Mapping[str, Any] = {n: getattr(source, n) for n in names if hasattr(source, n)}
+    return kind(**{**values, **changes})
