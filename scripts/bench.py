@@ -10,8 +10,8 @@ Every comparison runs both methods on the same batches with the same models and 
 (`specbeam.apps.compare.run_side_by_side`). Efficiency is the measured speculation gain over
 the one the planner's cost model predicts from the run's τ and trees: decoder calls timed
 in this run, the steps and the work a pass does beside its calls calibrated on dev
-sentences first (`specbeam.calibrate.fit_costs`). Writes bench.md, bench.json and
-bench.png to the output directory.
+sentences first (`PlanCosts.fit`, as `specbeam.calibrate` does). Writes bench.md,
+bench.json and bench.png to the output directory.
 """
 
 from __future__ import annotations
@@ -38,19 +38,13 @@ from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
-from specbeam.apps.calibrate import (
-    CostModel,
-    CountingGenerator,
-    PassProfile,
-    fit_costs,
-    measure_call_costs,
-    predict_speedup,
-)
+from specbeam.apps.calibrate import Calibration, CountingGenerator, measure_call_costs
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.integration.models import Draft, ModelPairConfig, load_pair
 from specbeam.paths import REPO_ROOT
+from specbeam.search.planner import LinearCost, PassShape
 from specbeam.search.runtime import Runtime
 
 matplotlib.use("Agg")
@@ -204,16 +198,16 @@ def plot(goals: list[Goal], path: Path) -> None:
     plt.close(fig)
 
 
-def pass_breakdown(run: MethodRun, cost: CostModel) -> dict[str, float]:
+def pass_breakdown(run: MethodRun, target: LinearCost) -> dict[str, float]:
     """Where the ms of an average speculative pass go: the target call's fixed and
-    per-token parts (fitted), drafting, acceptance, cache commits and the rest."""
+    per-token parts (fitted as `target`), drafting, acceptance, cache commits and the rest."""
     s = run.stats
     passes = max(s.target_passes, 1)
     ms = {phase: 1000 * sec / passes for phase, sec in s.seconds.items()}
     slots = s.verified_slots / passes
     parts = {
-        "target fixed": cost.verify.a,
-        "target per token": cost.verify.b * slots,
+        "target fixed": target.a,
+        "target per token": target.b * slots,
         "draft": ms.get("draft", 0.0),
         "acceptance": ms.get("accept", 0.0),
         "cache commit": ms.get("commit", 0.0),
@@ -223,6 +217,16 @@ def pass_breakdown(run: MethodRun, cost: CostModel) -> dict[str, float]:
     parts["pass"] = total
     parts["verified tokens"] = slots
     return parts
+
+
+def cost_record(cal: Calibration, beam_size: int) -> dict[str, object]:
+    """`cal` under the names bench.json has always used (scripts/ceiling.py reads old files)."""
+    costs = cal.costs
+    return {
+        "verify": dataclasses.asdict(costs.target), "draft": dataclasses.asdict(costs.draft),
+        "step_ms": cal.fairseq2_step_ms, "lean_step_ms": costs.plain_ms(beam_size),
+        "beside_ms": costs.accept_ms, "points": cal.calls,
+    }  # fmt: skip
 
 
 def breakdown_table(rows: dict[str, dict[str, float]]) -> str:
@@ -311,7 +315,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
         dev_runs, tokenizer, dev, cfg.task.src_lang, cfg.task.tgt_lang,
         batch_size=1, desc="calibration (dev)",
     )  # fmt: skip
-    calibrated = fit_costs(points, dev_runs[0], dev_runs[1], dev_runs[2:])
+    calibrated = Calibration.of(points, spec.beam_size, *dev_runs[:2], dev_runs[2:])
     stages.update()
     single = {n: method(n) for n in decodings}
     run_side_by_side(
@@ -335,13 +339,14 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     stages.close()
 
     always = single["spec_beam_always"]
-    cost = fit_costs(points, single["beam"], single["beam_lean"], [always])  # of this run
-    profile = PassProfile.of(always.stats)
+    k = spec.beam_size
+    fitted = Calibration.of(points, k, single["beam"], single["beam_lean"], [always])  # this run's
+    cost = fitted.costs
+    profile = PassShape.of(always.stats)
     # Speculation against the plain search it replaces (specbeam's lean one), priced as
     # the planner prices it, from the calibration and this run's τ and trees.
-    predicted = predict_speedup(calibrated, spec.beam_size, profile)
+    predicted = calibrated.costs.speedup(k, profile)
     beam, lean, planned = single["beam"], single["beam_lean"], single["spec_beam"]
-    k = spec.beam_size
     sent_s = {m: len(sources) / r.total_seconds for m, r in batched.items()}
     kv = [max(a.peak_cache_bytes, b.peak_cache_bytes) / 2**20 for a, b in
           ((single["beam"], batched["beam"]), (always, batched["spec_beam_always"]))]  # fmt: skip
@@ -371,23 +376,23 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     if file_goal is not None:
         goals.append(file_goal)
     breakdown = {
-        "fairseq2 target modules": pass_breakdown(single["spec_beam_fairseq2_target"], cost),
-        "lean target": pass_breakdown(always, cost),
+        "fairseq2 target modules": pass_breakdown(single["spec_beam_fairseq2_target"], cost.target),
+        "lean target": pass_breakdown(always, cost.target),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(
         markdown(goals) + "\n\nA speculative pass at batch 1 (spec_beam always speculating), "
-        f"target call fitted as {cost.verify.a:.2f} + {cost.verify.b:.3f}·T ms:\n\n"
+        f"target call fitted as {cost.target.a:.2f} + {cost.target.b:.3f}·T ms:\n\n"
         + breakdown_table(breakdown)
         + "\n"
     )
     record = {
         "model": cfg.model.name, "hardware": dataclasses.asdict(cfg.hardware),
         "sentences": len(sources), "decodings": {n: dataclasses.asdict(d) for n, d in decodings.items()},
-        "cost_model": dataclasses.asdict(cost), "calibrated_costs": dataclasses.asdict(calibrated),
+        "cost_model": cost_record(fitted, k), "calibrated_costs": cost_record(calibrated, k),
         "pass_profile": dataclasses.asdict(profile),
-        "lean_plain_step_ms": cost.lean_step_ms, "pass_breakdown": breakdown,
-        "plain_step_overhead_ms": cost.plan_costs(k).plain_step_ms,
+        "lean_plain_step_ms": cost.plain_ms(k), "pass_breakdown": breakdown,
+        "plain_step_overhead_ms": cost.plain_step_ms,
         "accept_ms_per_source_pass": 1000 * always.stats.seconds["accept"] / max(always.stats.source_passes, 1),
         "goals": [{**dataclasses.asdict(g), "met": g.met} for g in goals],
     }  # fmt: skip

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import final
 
 import hydra
-import numpy as np
 import torch
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
@@ -54,93 +53,11 @@ from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, load_pair
 from specbeam.paths import REPO_ROOT
-from specbeam.search.planner import LinearCost, PassShape, PlanCosts
+from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.runtime import Runtime
-from specbeam.search.stats import SpecStats
 from specbeam.search.tree_attention import SlotTable, TreeDecoder
 
 log = logging.getLogger("specbeam.calibrate")
-
-
-def fit_linear(slots: Sequence[float], ms: Sequence[float]) -> LinearCost:
-    """Least-squares line through (slots, ms)."""
-    b, a = np.polyfit(np.asarray(slots, dtype=float), np.asarray(ms, dtype=float), 1)
-    return LinearCost(float(a), float(b))
-
-
-@dataclass(frozen=True)
-class CostModel:
-    verify: LinearCost  # one target decoder call (fp32) over all slots of a pass
-    draft: LinearCost  # one draft decoder call at the hardware's draft dtype
-    step_ms: float  # fairseq2's plain beam search, per target decoder call (encoding amortised)
-    lean_step_ms: float = 0.0  # specbeam's plain search (the planner's fallback), likewise
-    beside_ms: float = 0.0  # a speculative pass's work beside its decoder calls
-    points: dict[str, dict[int, float]] = field(default_factory=dict)  # model -> T -> ms
-
-    def plan_costs(self, beam_size: int) -> PlanCosts:
-        """The planner's costs: a plain step is the lean one, a pass its calls plus the
-        work beside them."""
-        plain_beside = self.lean_step_ms - self.verify.ms(beam_size)
-        return PlanCosts(self.verify, self.draft, self.beside_ms, plain_beside)
-
-
-@dataclass(frozen=True)
-class PassProfile:
-    """What one verification pass does, on average, in a batch-1 run."""
-
-    tau: float
-    slots: float  # verified query tokens
-    draft_calls: float
-    draft_slots: float  # query tokens per draft call (drafted nodes per call)
-    accept_ms: float  # acceptance and cache commits, measured
-
-    @classmethod
-    def of(cls, stats: SpecStats) -> PassProfile:
-        passes = max(stats.target_passes, 1)
-        return cls(
-            tau=stats.tau,
-            slots=stats.verified_slots / passes,
-            draft_calls=stats.draft_passes / passes,
-            draft_slots=stats.drafted_tokens / max(stats.draft_passes, 1),
-            accept_ms=1000 * (stats.seconds["accept"] + stats.seconds["commit"]) / passes,
-        )
-
-    @property
-    def shape(self) -> PassShape:
-        return PassShape(self.tau, self.slots, self.draft_calls, self.draft_slots)
-
-
-def beside_calls_ms(verify: LinearCost, draft: LinearCost, run: MethodRun) -> float:
-    """Ms per pass of a batch-1 speculative run beyond its decoder calls as the fitted
-    lines price them: acceptance, commits, slot tables, masks, the loop, the encoder."""
-    p = PassProfile.of(run.stats)
-    pass_ms = 1000 * run.total_seconds / max(run.stats.target_passes, 1)
-    return pass_ms - verify.ms(p.slots) - p.draft_calls * draft.ms(p.draft_slots)
-
-
-def fit_costs(
-    points: dict[str, dict[int, float]],
-    fairseq2: MethodRun,
-    lean: MethodRun,
-    speculative: Sequence[MethodRun],
-) -> CostModel:
-    """The cost model of timed calls (`measure_call_costs`) and of batch-1 runs over the
-    same sentences: fairseq2's beam search (a `CountingGenerator`), specbeam's plain one
-    (same output, so as many steps), and speculative runs, whose median work beside the
-    calls prices every pass."""
-    fits = {m: fit_linear(list(ms), list(ms.values())) for m, ms in points.items()}
-    verify, draft = fits["target"], fits["draft"]
-    assert isinstance(fairseq2.generator, CountingGenerator)
-    steps = max(fairseq2.generator.calls, 1)
-    beside = statistics.median(beside_calls_ms(verify, draft, r) for r in speculative)
-    return CostModel(
-        verify, draft, step_ms(fairseq2), 1000 * lean.total_seconds / steps, beside, points
-    )
-
-
-def predict_speedup(cost: CostModel, beam_size: int, p: PassProfile) -> float:
-    """Speculation over specbeam's plain search, as the planner prices it."""
-    return cost.plan_costs(beam_size).speedup(beam_size, p.shape)
 
 
 @final
@@ -272,6 +189,34 @@ def step_ms(run: MethodRun) -> float:
     return 1000 * run.total_seconds / max(run.generator.calls, 1)
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """The planner's costs as fitted, with the timings a report shows beside them."""
+
+    costs: PlanCosts
+    calls: dict[str, dict[int, float]]  # model -> query tokens -> median ms per call
+    fairseq2_step_ms: float  # fairseq2's beam search per decoder call: the users' baseline
+
+    @classmethod
+    def of(
+        cls,
+        calls: dict[str, dict[int, float]],
+        beam_size: int,
+        fairseq2: MethodRun,
+        lean: MethodRun,
+        speculative: Sequence[MethodRun],
+    ) -> Calibration:
+        """`PlanCosts.fit` of timed calls (`measure_call_costs`) and batch-1 runs over the
+        same sentences: fairseq2's beam search (a `CountingGenerator`, counting the
+        steps), specbeam's plain one (same output, so as many steps) and speculative runs."""
+        assert isinstance(fairseq2.generator, CountingGenerator)
+        costs = PlanCosts.fit(
+            calls, beam_size, lean.total_seconds, fairseq2.generator.calls,
+            [(run.total_seconds, run.stats) for run in speculative],
+        )  # fmt: skip
+        return cls(costs, calls, step_ms(fairseq2))
+
+
 @dataclass(kw_only=True)
 class CalibrateConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -302,7 +247,8 @@ ConfigStore.instance().store(name="calibrate_schema", node=CalibrateConfig)
 class GridRow:
     gamma: int
     draft_width: int
-    profile: PassProfile
+    shape: PassShape
+    accept_ms: float  # acceptance and cache commits per pass, measured
     beside_ms: float  # per pass, beyond the calls
     predicted: float  # over specbeam's plain search, by the cost model
     measured: float  # specbeam's plain search's seconds ÷ this setting's (same sentences)
@@ -316,7 +262,7 @@ def run_grid(
     draft: TransformerModel,
     tokenizer: Tokenizer,
     sources: list[str],
-) -> tuple[CostModel, list[GridRow]]:
+) -> tuple[Calibration, list[GridRow]]:
     """Plain beam search and every grid setting on the same sentences at batch 1,
     interleaved; the call costs are measured first on a typical sentence."""
     encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
@@ -355,32 +301,36 @@ def run_grid(
         [baseline, lean, *runs], tokenizer, sources, cfg.task.src_lang,
         cfg.task.tgt_lang, batch_size=1, desc="τ grid",
     )  # fmt: skip
-    cost = fit_costs(points, baseline, lean, runs)
+    cal = Calibration.of(points, k, baseline, lean, runs)
+    c = cal.costs
     rows = []
     for (gamma, width), run in zip(settings, runs, strict=True):
-        profile = PassProfile.of(run.stats)
+        s = run.stats
+        shape = PassShape.of(s)
+        accept_ms = 1000 * (s.seconds["accept"] + s.seconds["commit"]) / max(s.source_passes, 1)
         rows.append(GridRow(
-            gamma, width, profile, beside_calls_ms(cost.verify, cost.draft, run),
-            predict_speedup(cost, k, profile), lean.total_seconds / run.total_seconds,
+            gamma, width, shape, accept_ms, beside_calls_ms(c.target, c.draft, run.total_seconds, s),
+            c.speedup(k, shape), lean.total_seconds / run.total_seconds,
             baseline.total_seconds / run.total_seconds,
         ))  # fmt: skip
-    return cost, rows
+    return cal, rows
 
 
-def describe(cost: CostModel, hardware: HardwareConfig, beam_size: int) -> str:
+def describe(cal: Calibration, hardware: HardwareConfig, beam_size: int) -> str:
+    cost = cal.costs
     measured = {
         m: ", ".join(f"{t}: {ms:.2f}" for t, ms in points.items())
-        for m, points in cost.points.items()
+        for m, points in cal.calls.items()
     }
-    verify = f"{cost.verify.a:.2f} + {cost.verify.b:.3f}·T"
+    verify = f"{cost.target.a:.2f} + {cost.target.b:.3f}·T"
     draft = f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T"
     return (
         f"cost model (threads={hardware.threads}; ms per call over T query slots):\n"
         f"  {'verify (target, fp32)':<24}{verify:<18}measured T: ms = {measured['target']}\n"
         f"  {f'draft ({hardware.draft_dtype})':<24}{draft:<18}measured T: ms = {measured['draft']}\n"
-        f"  {f'plain beam {beam_size} step':<24}{cost.step_ms:.2f} fairseq2, {cost.lean_step_ms:.2f} "
-        f"specbeam (lean), per target decoder call\n"
-        f"  {'beside the calls':<24}{cost.beside_ms:.2f} per speculative pass (median of the grid)"
+        f"  {f'plain beam {beam_size} step':<24}{cal.fairseq2_step_ms:.2f} fairseq2, "
+        f"{cost.plain_ms(beam_size):.2f} specbeam (lean), per target decoder call\n"
+        f"  {'beside the calls':<24}{cost.accept_ms:.2f} per speculative pass (median of the grid)"
     )
 
 
@@ -391,27 +341,22 @@ def grid_table(rows: list[GridRow]) -> str:
     )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
-        p = r.profile
+        p = r.shape
         lines.append(
             f"| {r.gamma} | {r.draft_width} | {p.tau:.2f} | {p.slots:.1f} | {p.draft_calls:.1f} | "
-            f"{p.accept_ms:.2f} | {r.beside_ms:.2f} | {r.predicted:.2f}× | {r.measured:.2f}× "
+            f"{r.accept_ms:.2f} | {r.beside_ms:.2f} | {r.predicted:.2f}× | {r.measured:.2f}× "
             f"| {r.vs_fairseq2:.2f}× |"
         )
     return "\n".join(lines)
 
 
 def write_hardware(
-    cfg: CalibrateConfig, decoding: str, k: int, best: GridRow, cost: CostModel
+    cfg: CalibrateConfig, decoding: str, k: int, best: GridRow, cal: Calibration
 ) -> Path:
-    plan = cost.plan_costs(k)
+    plan = cal.costs
     tuned = {**cfg.hardware.tuned.get(decoding, {}), "gamma": best.gamma,
-             "draft_width": best.draft_width, "plan_tau": round(best.profile.tau, 2)}  # fmt: skip
-    costs = {
-        "target": [round(plan.target.a, 3), round(plan.target.b, 4)],
-        "draft": [round(plan.draft.a, 3), round(plan.draft.b, 4)],
-        "accept_ms": round(plan.accept_ms, 3),
-        "plain_step_ms": round(plan.plain_step_ms, 3),
-    }
+             "draft_width": best.draft_width, "plan_tau": round(best.shape.tau, 2)}  # fmt: skip
+    costs = plan.to_stored()
     kept = ""
     if plan.accept_ms < 0 or plan.plain_step_ms < 0:
         # The runs were faster than their timed calls: the machine's speed changed between
@@ -431,11 +376,11 @@ def write_hardware(
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
         f"# model={cfg.model.name}, threads={hw.threads}, draft {hw.draft_dtype}, "
         f"{cfg.sample} {cfg.split} sentences at batch 1, medians of {cfg.repeats} timed calls.",
-        f"# target call = {cost.verify.a:.2f} + {cost.verify.b:.3f}·T ms, draft call = "
-        f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T ms, beam {k} step = {cost.step_ms:.2f} ms "
-        f"(fairseq2), {cost.lean_step_ms:.2f} ms (specbeam's, lean); {cost.beside_ms:.2f} ms per "
+        f"# target call = {plan.target.a:.2f} + {plan.target.b:.3f}·T ms, draft call = "
+        f"{plan.draft.a:.2f} + {plan.draft.b:.3f}·T ms, beam {k} step = {cal.fairseq2_step_ms:.2f} ms "
+        f"(fairseq2), {plan.plain_ms(k):.2f} ms (specbeam's, lean); {plan.accept_ms:.2f} ms per "
         f"speculative pass beside its calls. `costs` are {decoding}'s.",
-        f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.profile.tau:.2f}, "
+        f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.shape.tau:.2f}, "
         f"over specbeam's plain search predicted {best.predicted:.2f}×, measured "
         f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
         *([f"# {kept}."] if kept else []),
@@ -466,10 +411,10 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     assert draft is not None
     sources = [p.source for p in cfg.task.split(cfg.split)[: cfg.sample]]
     with torch.inference_mode():
-        cost, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
+        cal, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
     best = max(rows, key=lambda r: r.measured)
-    path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cost)
-    print(describe(cost, cfg.hardware, decoding.beam_size))
+    path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cal)
+    print(describe(cal, cfg.hardware, decoding.beam_size))
     print(f"\n{cfg.method} on {len(sources)} {cfg.split} sentences, batch 1:\n")
     print(grid_table(rows))
     print(

@@ -2,19 +2,22 @@
 
 On a CPU a verification pass turns compute-bound as batches grow (DESIGN.md §8): the
 draft tree's extra tokens then cost in full, and a pass advancing τ steps loses to τ
-plain steps. The planner prices both from calibrated call costs (`specbeam.calibrate`,
-stored per hardware config) and the τ and tree size this generator has seen so far,
-each price scaled by how long that kind of call has actually taken here against its
-prediction: costs calibrated on one CPU mislead on another (the embedded pair's draft
-call is 0.9 ms on an AVX-512 machine, 6 ms on an AVX2 one, against target calls 3.5×
-apart). Exact decoding only: either choice gives the same output.
+plain steps. The planner prices both from a machine's call costs (fitted here from timed
+calls and runs by `specbeam.calibrate`, stored per hardware config) and the τ and tree
+size this generator has seen so far, each price scaled by how long that kind of call has
+actually taken here against its prediction: costs calibrated on one CPU mislead on
+another (a draft call's cost relative to a target call's differs severalfold between an
+AVX-512 and an AVX2 machine). Exact decoding only: either choice gives the same output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, final
+
+import numpy as np
 
 from specbeam.search.draft import DraftShape
 from specbeam.search.stats import SpecStats
@@ -30,10 +33,17 @@ class LinearCost:
     def ms(self, slots: float) -> float:
         return self.a + self.b * slots
 
+    @classmethod
+    def fit(cls, points: Mapping[int, float]) -> LinearCost:
+        """The least-squares line through timed calls (query tokens -> ms)."""
+        slots = np.asarray(list(points), dtype=float)
+        b, a = np.polyfit(slots, np.asarray(list(points.values()), dtype=float), 1)
+        return cls(float(a), float(b))
+
 
 @dataclass(frozen=True)
 class PlanCosts:
-    """A machine's costs, as `specbeam.calibrate` measures them (ms)."""
+    """A machine's costs (ms), as `PlanCosts.fit` measures them."""
 
     target: LinearCost  # one target call over T query tokens of the whole batch
     draft: LinearCost  # one draft call likewise
@@ -41,15 +51,51 @@ class PlanCosts:
     plain_step_ms: float  # the plain search's own work per step beside its target call
 
     @classmethod
+    def fit(
+        cls,
+        calls: Mapping[str, Mapping[int, float]],
+        beam_size: int,
+        plain_seconds: float,
+        plain_steps: int,
+        speculative: Iterable[tuple[float, SpecStats]],
+    ) -> PlanCosts:
+        """The costs of timed decoder calls (`calls`: "target" and "draft", query tokens
+        -> ms per call) and of runs over the same sentences: the plain search's seconds
+        over its steps, and speculative runs' (seconds, stats), whose median work beside
+        the calls prices every pass (a run the machine slowed skews it less than a mean)."""
+        target, draft = LinearCost.fit(calls["target"]), LinearCost.fit(calls["draft"])
+        beside = statistics.median(
+            beside_calls_ms(target, draft, seconds, stats) for seconds, stats in speculative
+        )
+        plain_ms = 1000 * plain_seconds / max(plain_steps, 1)
+        return cls(target, draft, beside, plain_ms - target.ms(beam_size))
+
+    @classmethod
     def from_stored(cls, costs: Mapping[str, Any]) -> PlanCosts:
-        """From their stored form (`hardware.costs`: `target` and `draft` as [a, b])."""
+        """The costs as a hardware config stores them (`to_stored`)."""
         try:
             return cls(
-                LinearCost(*costs["target"]), LinearCost(*costs["draft"]),
-                float(costs["accept_ms"]), float(costs["plain_step_ms"]),
-            )  # fmt: skip
-        except (KeyError, TypeError) as error:
+                LinearCost(*(float(x) for x in costs["target"])),
+                LinearCost(*(float(x) for x in costs["draft"])),
+                float(costs["accept_ms"]),
+                float(costs["plain_step_ms"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"hardware.costs is incomplete or malformed: {error}") from None
+
+    def to_stored(self) -> dict[str, Any]:
+        """The costs as a hardware config stores them: lines as [a, b], rounded finer than
+        timings resolve, so that the file stays readable."""
+        return {
+            "target": [round(self.target.a, 3), round(self.target.b, 4)],
+            "draft": [round(self.draft.a, 3), round(self.draft.b, 4)],
+            "accept_ms": round(self.accept_ms, 3),
+            "plain_step_ms": round(self.plain_step_ms, 3),
+        }
+
+    def plain_ms(self, beam_size: int, num_sources: float = 1) -> float:
+        """Predicted ms of one plain step over `num_sources` live sources."""
+        return self.target.ms(num_sources * beam_size) + self.plain_step_ms
 
     def pass_ms(
         self, speculative: bool, beam_size: int, num_sources: float, shape: PassShape
@@ -58,7 +104,7 @@ class PlanCosts:
         speculative pass of `shape`."""
         s = num_sources
         if not speculative:
-            return self.target.ms(s * beam_size) + self.plain_step_ms
+            return self.plain_ms(beam_size, s)
         drafting = shape.draft_calls * self.draft.ms(s * shape.draft_slots)
         return self.target.ms(s * shape.slots) + drafting + s * self.accept_ms
 
@@ -68,13 +114,29 @@ class PlanCosts:
         return shape.tau * plain / self.pass_ms(True, beam_size, num_sources, shape)
 
 
+def beside_calls_ms(
+    target: LinearCost, draft: LinearCost, seconds: float, stats: SpecStats
+) -> float:
+    """Ms per source and pass of a speculative run beyond its decoder calls as `target`
+    and `draft` price them (acceptance, commits, slot tables, masks, the loop, the
+    encoder): the `accept_ms` under which `PlanCosts.pass_ms` prices the run's time."""
+    shape = PassShape.of(stats)
+    passes = max(stats.target_passes, 1)
+    sources = max(stats.source_passes, 1) / passes  # live sources per pass
+    pass_ms = 1000 * seconds / passes
+    verify = target.ms(sources * shape.slots)
+    drafting = shape.draft_calls * draft.ms(sources * shape.draft_slots)
+    return (pass_ms - verify - drafting) / sources
+
+
 @dataclass
 class PassShape:
-    """What a speculative pass does per source; a running mean once passes are seen."""
+    """What a speculative pass does per live source (the batch's share of its calls);
+    a running mean once passes are seen."""
 
     tau: float = 1.8  # beam-search steps per pass
     slots: float = 24.0  # verified query tokens
-    draft_calls: float = 1.9
+    draft_calls: float = 1.9  # per pass: a call drafts for every live source at once
     draft_slots: float = 10.0  # query tokens per draft call
 
     @classmethod
@@ -88,8 +150,16 @@ class PassShape:
         return cls(tau=tau, slots=k + nodes, draft_calls=shape.depth, draft_slots=width)
 
     @classmethod
+    def perfect(cls, shape: DraftShape) -> PassShape:
+        """A full tree of `shape` from a draft that always holds the target's beam: every
+        pass advances depth + 1 steps, the most such trees can (the cost model's ceiling
+        for them)."""
+        return cls.expected(shape, tau=shape.depth + 1)
+
+    @classmethod
     def of(cls, stats: SpecStats) -> PassShape:
-        """The mean pass of a call's stats (per source)."""
+        """The mean pass of a call's stats: tokens per (pass, live source), draft calls
+        per pass. At batch 1 a source's pass is the whole pass."""
         per_source = max(stats.source_passes, 1)
         calls = stats.draft_passes / max(stats.target_passes, 1)
         return cls(

@@ -1,4 +1,4 @@
-"""Calibration's cost model, the hardware config it writes, and the benchmark script."""
+"""Calibration's timed calls, the hardware config it writes, and the benchmark scripts."""
 
 from __future__ import annotations
 
@@ -7,51 +7,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbeam.apps.calibrate import (
-    CallTimer,
-    CostModel,
-    GridRow,
-    LinearCost,
-    PassProfile,
-    calibrate,
-    fit_linear,
-    predict_speedup,
-    write_hardware,
-)
+from specbeam.apps.calibrate import Calibration, CallTimer, GridRow, calibrate, write_hardware
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import ModelPairConfig, build_model
 from specbeam.search.config import SpeculativeSearchConfig
-from specbeam.search.planner import Planner
+from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 from tests.conftest import TARGET_ARCH, sources
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_fit_recovers_line_from_noisy_timings() -> None:
-    slots = np.array([1, 5, 10, 25, 50, 100])
-    noise = np.random.default_rng(0).normal(0, 0.05, len(slots))
-    fit = fit_linear(slots.tolist(), (3.0 + 0.2 * slots + noise).tolist())
-    assert fit.a == pytest.approx(3.0, abs=0.1) and fit.b == pytest.approx(0.2, abs=0.005)
-
-
-def test_predicted_speedup_is_lean_steps_saved_over_pass_cost() -> None:
-    """Against specbeam's plain search (the planner's fallback), not fairseq2's; a pass is
-    its calls plus the calibrated work beside them, not the acceptance a run measured."""
-    cost = CostModel(verify=LinearCost(5.0, 0.1), draft=LinearCost(1.0, 0.1), step_ms=30.0,
-                     lean_step_ms=10.0, beside_ms=2.0)  # fmt: skip
-    profile = PassProfile(tau=4.0, slots=20.0, draft_calls=4.0, draft_slots=5.0, accept_ms=1.0)
-    # 4 steps × 10 ms over (5 + 2) + 4 × (1 + 0.5) + 2 ms
-    assert predict_speedup(cost, 5, profile) == pytest.approx(40 / 15)
-    plan = cost.plan_costs(5)
-    assert plan.plain_step_ms == pytest.approx(10.0 - 5.5) and plan.accept_ms == 2.0
 
 
 @torch.inference_mode()
@@ -206,11 +176,10 @@ def test_costs_are_written_unless_the_runs_contradict_them(tmp_path, caplog, bes
     calls (the machine's speed changed in between) would price a pass below its calls, so
     then the config keeps its costs and says why."""
     cfg = compose_config("calibrate", [f"hardware_dir={tmp_path}", "name=cal"])
-    cost = CostModel(verify=LinearCost(10.0, 1.5), draft=LinearCost(3.0, 0.4), step_ms=48.0,
-                     lean_step_ms=20.0, beside_ms=beside_ms)  # fmt: skip
-    profile = PassProfile(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0, accept_ms=3.0)
-    best = GridRow(2, 10, profile, beside_ms, 0.6, 0.65, 1.9)
-    path = write_hardware(cfg, "spec_beam", 5, best, cost)
+    plan = PlanCosts(LinearCost(10.0, 1.5), LinearCost(3.0, 0.4), beside_ms, plain_step_ms=2.5)
+    shape = PassShape(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0)
+    best = GridRow(2, 10, shape, 3.0, beside_ms, 0.6, 0.65, 1.9)
+    path = write_hardware(cfg, "spec_beam", 5, best, Calibration(plan, {}, fairseq2_step_ms=48.0))
     written = OmegaConf.load(path)
     assert written.tuned.spec_beam.gamma == 2 and written.tuned.spec_beam.plan_tau == 2.0
     costs = OmegaConf.to_container(written.costs)

@@ -1,13 +1,16 @@
-"""The planner prices a speculative pass against plain steps from a cost model."""
+"""The cost model, fitted from timed calls and runs, and the planner that prices a
+speculative pass against plain steps with it."""
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
+from specbeam.search.draft import DraftShape
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 from specbeam.search.stats import SpecStats
@@ -64,6 +67,62 @@ def test_pass_shape_of_stats_is_per_source() -> None:
                       drafted_tokens=400, verified_slots=480)  # fmt: skip
     shape = PassShape.of(stats)
     assert (shape.tau, shape.slots, shape.draft_calls, shape.draft_slots) == (1.8, 24.0, 2.0, 10.0)
+
+
+def test_line_fit_recovers_line_from_noisy_timings() -> None:
+    slots = [1, 5, 10, 25, 50, 100]
+    noise = np.random.default_rng(0).normal(0, 0.05, len(slots))
+    fit = LinearCost.fit({t: 3.0 + 0.2 * t + e for t, e in zip(slots, noise, strict=True)})
+    assert fit.a == pytest.approx(3.0, abs=0.1) and fit.b == pytest.approx(0.2, abs=0.005)
+
+
+def test_costs_fitted_from_runs_price_them_per_source() -> None:
+    """Target 5 + 0.1·T ms, draft 1 + 0.1·T ms, a plain step 10 ms, 2 ms per source and
+    pass beside the calls: a batch-1 pass (20 slots, 4 draft calls of 5) takes 15 ms, a
+    batch-2 one 9 + 4 × 2 + 2 × 2 = 21 ms; both fit the same work per source."""
+    calls = {"target": {1: 5.1, 10: 6.0, 50: 10.0}, "draft": {1: 1.1, 5: 1.5, 20: 3.0}}
+    one = SpecStats(target_passes=10, source_passes=10, draft_passes=40, steps=40,
+                    drafted_tokens=200, verified_slots=200)  # fmt: skip
+    two = SpecStats(target_passes=10, source_passes=20, draft_passes=40, steps=80,
+                    drafted_tokens=400, verified_slots=400)  # fmt: skip
+    costs = PlanCosts.fit(calls, 5, plain_seconds=1.0, plain_steps=100,
+                          speculative=[(0.15, one), (0.21, two)])  # fmt: skip
+    assert costs.target.a == pytest.approx(5.0) and costs.target.b == pytest.approx(0.1)
+    assert costs.accept_ms == pytest.approx(2.0)
+    assert costs.plain_step_ms == pytest.approx(10.0 - 5.5)
+    assert costs.pass_ms(True, 5, 2, PassShape.of(two)) == pytest.approx(21.0)
+    # Against specbeam's plain search: 4 steps × 10 ms over 15 ms.
+    assert costs.speedup(5, PassShape.of(one)) == pytest.approx(40 / 15)
+
+
+def test_costs_are_stored_as_the_hardware_config_writes_them() -> None:
+    stored = {"target": [3.99, 0.156], "draft": [0.93, 0.03], "accept_ms": 3.57,
+              "plain_step_ms": 1.38}  # fmt: skip
+    costs = PlanCosts.from_stored(stored)
+    assert costs == PlanCosts(LinearCost(3.99, 0.156), LinearCost(0.93, 0.03), 3.57, 1.38)
+    assert costs.to_stored() == stored
+    thirds = PlanCosts(LinearCost(1 / 3, 1 / 3), LinearCost(1 / 3, 1 / 3), 1 / 3, 1 / 3)
+    assert thirds.to_stored() == {"target": [0.333, 0.3333], "draft": [0.333, 0.3333],
+                                  "accept_ms": 0.333, "plain_step_ms": 0.333}  # fmt: skip
+    for broken in (
+        {**stored, "draft": [1.0]},
+        {"target": [1.0, 0.1]},
+        {**stored, "accept_ms": "x"},
+    ):
+        with pytest.raises(ValueError, match="hardware.costs is incomplete or malformed: "):
+            PlanCosts.from_stored(broken)
+
+
+def test_a_perfect_draft_advances_depth_plus_one_steps_per_pass() -> None:
+    """The ceiling of a γ 2, width 10 tree at beam 5: 25 verified tokens and 2 draft calls
+    per pass for τ 3; with target 10 + 0.2·T ms, draft calls 2 ms, 4 ms beside and a plain
+    step of 12 ms, 23 ms per pass, 3 × 12 / 23 times plain search."""
+    shape = PassShape.perfect(DraftShape(beam_size=5, depth=2, width=10))
+    assert shape == PassShape(tau=3, slots=25, draft_calls=2, draft_slots=10)
+    costs = PlanCosts(LinearCost(10.0, 0.2), LinearCost(2.0, 0.0), 4.0, plain_step_ms=1.0)
+    assert costs.pass_ms(True, 5, 1, shape) == pytest.approx(23.0)
+    assert costs.plain_ms(5) == pytest.approx(12.0)
+    assert costs.speedup(5, shape) == pytest.approx(36 / 23)
 
 
 def test_generator_follows_the_planner(tiny_target, tiny_draft, vocab_info, caplog) -> None:
