@@ -49,6 +49,7 @@ from fairseq2.task import Task
 from typing_extensions import override
 
 from specbeam.apps.data import pad
+from specbeam.apps.hardware import load_hardware
 from specbeam.integration import entry_point, extension
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
 from specbeam.integration.extension import (
@@ -57,6 +58,7 @@ from specbeam.integration.extension import (
     SpeculativeBeamSearchConfig,
 )
 from specbeam.integration.models import build_shallow_draft, save_head, save_model
+from specbeam.search.config import MachineSettings, SearchSettings
 from specbeam.search.generator import (
     SpeculativeBeamSearchSeq2SeqGenerator,
     SpeculativeGeneratorOutput,
@@ -111,6 +113,33 @@ def test_config_validation() -> None:
     assert len(errors) == 5
     for name in ("draft_model", "gamma", "draft_strategy", "draft_width", "max_draft_nodes"):
         assert any(f"`{name}`" in error for error in errors), name
+
+
+def test_every_search_setting_reaches_the_generators_config() -> None:
+    """No path drops a setting: the extension's config carries every search setting, by
+    fairseq2's name or the speculation's, and the hardware file's machine settings (the
+    same that specbeam's own apps read) arrive beside them."""
+    carried = {f.name for f in fields(SpeculativeBeamSearchConfig)}
+    assert {f.name for f in fields(SearchSettings)} <= carried
+    recipe = SpeculativeBeamSearchConfig(
+        draft_model="draft", gamma=2, lean_draft=False, plain="lean", max_gen_len=(1.5, 10)
+    )
+    config = recipe.search_config()
+    search = config.search
+    assert (search.gamma, search.lean_draft, search.plain, search.gen_len) == (
+        2,
+        False,
+        "lean",
+        (1.5, 10),
+    )
+    hardware = load_hardware("cpu")
+    for setting in fields(MachineSettings):
+        assert getattr(config.machine, setting.name) == getattr(hardware, setting.name), (
+            setting.name
+        )
+    assert config.planner() is not None  # hardware=cpu stores costs
+    unplanned = SpeculativeBeamSearchConfig(draft_model="draft", hardware=None).search_config()
+    assert unplanned.machine == MachineSettings() and unplanned.planner() is None
 
 
 @final
