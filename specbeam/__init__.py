@@ -1,9 +1,17 @@
 """Exact speculative beam search for fairseq2 translation models."""
 
+from specbeam.search.config import MachineSettings, SearchSettings, SpeculativeSearchConfig
 from specbeam.search.generator import (
     SpeculativeBeamSearchSeq2SeqGenerator,
     SpeculativeGeneratorOutput,
 )
 from specbeam.search.stats import SpecStats
 
-__all__ = ["SpeculativeBeamSearchSeq2SeqGenerator", "SpeculativeGeneratorOutput", "SpecStats"]
+__all__ = [
+    "MachineSettings",
+    "SearchSettings",
+    "SpecStats",
+    "SpeculativeBeamSearchSeq2SeqGenerator",
+    "SpeculativeGeneratorOutput",
+    "SpeculativeSearchConfig",
+]
