@@ -55,8 +55,9 @@ from specbeam.apps.paths import REPO_ROOT
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, load_pair
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts
+from specbeam.search.slots import SlotTable
 from specbeam.search.stats import SpecStats
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.tree_attention import TreeDecoder
 
 log = logging.getLogger("specbeam.calibrate")
 

@@ -26,8 +26,9 @@ from torch import Tensor
 
 from specbeam.search.onednn import linear
 from specbeam.search.rules import ScoringRules
+from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.tree_attention import TreeDecoder
 from specbeam.search.verify import Verification
 
 DraftStrategy = Literal["beam", "linear", "topm"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specbeam.search.tree_attention import SlotTable
+from specbeam.search.slots import SlotTable
 
 
 @dataclass

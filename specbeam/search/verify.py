@@ -8,8 +8,9 @@ from typing import final
 import torch
 from torch import Tensor
 
+from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.tree_attention import TreeDecoder
 
 
 @dataclass

@@ -14,8 +14,8 @@ from specbeam.search import native
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.rules import ScoringRules
+from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
-from specbeam.search.tree_attention import SlotTable
 from specbeam.search.verify import Verification
 
 PAD, EOS, VOCAB, K = 0, 1, 8, 2

@@ -14,7 +14,8 @@ from specbeam.apps.data import pad
 from specbeam.search import native, onednn
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.lean_decoder import Packing
-from specbeam.search.tree_attention import SlotTable, TreeDecoder, tree_bias
+from specbeam.search.slots import SlotTable
+from specbeam.search.tree_attention import TreeDecoder, tree_bias
 from tests.conftest import NLLB_PROMPT, sources
 from tests.search.test_tree_attention import random_tree
 
