@@ -11,7 +11,6 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal, final
 
 import torch
@@ -20,7 +19,6 @@ from fairseq2.error import NotSupportedError
 from fairseq2.generation import (
     GenerationCounters,
     Seq2SeqGenerator,
-    SequenceGeneratorOutput,
     StepHook,
 )
 from fairseq2.generation.beam_search import (
@@ -52,17 +50,12 @@ from specbeam.search.memory import (
 from specbeam.search.planner import PassShape, Planner
 from specbeam.search.relax import Relaxation
 from specbeam.search.rules import ScoringRules, length_limits
-from specbeam.search.stats import SpecStats
+from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
 from specbeam.search.verify import Verifier
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SpeculativeGeneratorOutput(SequenceGeneratorOutput):
-    stats: SpecStats = field(default_factory=SpecStats)
 
 
 @final

@@ -35,11 +35,10 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from specbeam.search.draft import Drafter, DraftShape
-from specbeam.search.generator import SpeculativeGeneratorOutput
 from specbeam.search.head import DraftHead
 from specbeam.search.memory import cache_capacity, checked_increment, head_chain_len
 from specbeam.search.rules import ScoringRules, length_limits
-from specbeam.search.stats import SpecStats
+from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
 from specbeam.search.verify import Verification, Verifier
