@@ -162,7 +162,7 @@ class BeamAcceptor:
         state.step_scores.scatter_(2, at, state.scores[..., None])
         state.step_nr = state.step_nr + 1
         state.n = k
-        ones = torch.ones(num_sources, dtype=torch.int64)
+        ones = torch.ones(num_sources, dtype=torch.int64, device=state.step_nr.device)
         return Acceptance(
             origin=parent,
             node=torch.full_like(parent, -1),
@@ -436,8 +436,9 @@ def _accept_chain(
     finished = is_eos.gather(1, last).squeeze(1)
     # Steps up to `accepted` write their choice (the drafted token, then the target's).
     seqs, step_scores = state.seqs[:, 0], state.step_scores[:, 0]  # (S, L)
-    at = (state.step_nr[:, None] + torch.arange(depth + 1)).clamp(max=seqs.size(1) - 1)
-    write = torch.arange(depth + 1) <= last
+    steps_ahead = torch.arange(depth + 1, device=seqs.device)  # (D + 1,)
+    at = (state.step_nr[:, None] + steps_ahead).clamp(max=seqs.size(1) - 1)
+    write = steps_ahead <= last
     seqs.scatter_(1, at, torch.where(write, choice, seqs.gather(1, at)))
     step_scores.scatter_(1, at, torch.where(write, score, step_scores.gather(1, at)))
     end = state.step_nr + accepted
@@ -448,7 +449,7 @@ def _accept_chain(
     state.scores = score.gather(1, last)
     state.step_nr = state.step_nr + steps
     return Acceptance(
-        origin=torch.zeros((num_sources, 1), dtype=torch.int64),
+        origin=torch.zeros_like(last),
         node=last - 1,
         roots=choice.gather(1, last),
         steps=steps,

@@ -79,12 +79,17 @@ class SpeculativeLoop(ABC, Generic[State]):
     def _run(self) -> SpeculativeGeneratorOutput:
         started = time.perf_counter()
         state, stats, drafter, verifier = self.state, self.stats, self.drafter, self.verifier
+        device = self.prompts.device
         chains = self.prompts[:, None, :]  # (S, 1, P): one pending chain per row
-        chain_len = torch.full((len(chains),), chains.size(-1), dtype=torch.int64)
+        chain_len = torch.full((len(chains),), chains.size(-1), dtype=torch.int64, device=device)
         first = True
         while len(state.step_nr) > 0:
             with stats.timed("draft"):
-                tree = DraftTree.empty(len(chains)) if drafter is None else self._propose(drafter)
+                tree = (
+                    DraftTree.empty(len(chains), device)
+                    if drafter is None
+                    else self._propose(drafter)
+                )
             with stats.timed("verify"):
                 verification = verifier.verify(chains, chain_len, tree)
             with stats.timed("accept"):
@@ -104,7 +109,7 @@ class SpeculativeLoop(ABC, Generic[State]):
             )
             stats.verified_slots += verification.computed_slots
             chains = acceptance.roots[..., None]
-            chain_len = torch.ones(len(chains), dtype=torch.int64)
+            chain_len = torch.ones(len(chains), dtype=torch.int64, device=device)
             if acceptance.done.any():
                 keep = self._drop(acceptance.done)
                 state.select_sources(keep)

@@ -289,13 +289,14 @@ class _SampleOp(SpeculativeLoop[SampleState]):
         shape = DraftShape(strategy="linear", depth=gen._gamma, width=1, beam_size=1, vocab=0)
         self.drafter = Drafter(draft, draft_rules, prompts[:, None, :], shape, self.draw)
         # Room for a pass's positions past the end (never kept: the last step is EOS).
-        seqs = torch.zeros((rows, max_seq_len + gen._gamma + 1), dtype=torch.int64)
+        device = prompts.device
+        seqs = torch.zeros((rows, max_seq_len + gen._gamma + 1), dtype=torch.int64, device=device)
         seqs[:, :prompt_len] = prompts
         self.state = SampleState(
             seqs,
-            torch.zeros(seqs.shape),
-            torch.full((rows,), prompt_len),
-            torch.arange(rows) // gen._num_gens,
+            torch.zeros(seqs.shape, device=device),
+            torch.full((rows,), prompt_len, device=device),
+            torch.arange(rows, device=device) // gen._num_gens,
         )
         self.prompts = prompts
         num_sources = rows // gen._num_gens
@@ -310,7 +311,8 @@ class _SampleOp(SpeculativeLoop[SampleState]):
         return 1
 
     def _propose(self, drafter: Drafter) -> DraftTree:
-        return drafter.propose(torch.zeros(len(self.state.step_nr), 1), 1)
+        step_nr = self.state.step_nr
+        return drafter.propose(torch.zeros((len(step_nr), 1), device=step_nr.device), 1)
 
     def _drop(self, done: Tensor) -> Tensor:
         """The finished rows' samples go to the output. The others keep their order: the
@@ -333,10 +335,11 @@ class _SampleOp(SpeculativeLoop[SampleState]):
         """Writes each row's kept draft tokens and its next token into the state: a
         chain's kept nodes, then the draw from the residual (or from p after them all)."""
         state, depth = self.state, tree.depth
-        rows = torch.arange(len(state.step_nr))
+        device = state.step_nr.device
+        rows = torch.arange(len(state.step_nr), device=device)
         tokens, valid = tree.tokens[:, :, 0], tree.valid[:, :, 0]  # (S, D)
         slots = torch.cat([verification.root_slots, verification.node_slots[:, :, 0]], 1)
-        positions = state.step_nr[:, None] + torch.arange(depth + 1)  # (S, D + 1)
+        positions = state.step_nr[:, None] + torch.arange(depth + 1, device=device)  # (S, D + 1)
         scored, p = self.rules(verification.logits_at(slots), positions)
         # (S, D, V); a draft head's first pass drafts nothing (D = 0)
         q = torch.stack(self.draw.q, 1) if depth else p.new_zeros((len(rows), 0, p.size(-1)))
@@ -345,14 +348,14 @@ class _SampleOp(SpeculativeLoop[SampleState]):
             p[:, :depth].gather(2, tokens[..., None])[..., 0],
             q.gather(2, tokens[..., None])[..., 0],
         )
-        u = torch.rand(qx.shape, generator=self.gen._generator)
+        u = torch.rand(qx.shape, generator=self.gen._generator, device=device)
         kept = (valid & (u * qx < px)).int().cumprod(1).sum(1)  # (S,) leading accepts
         p_next = p[rows, kept]
         q_next = torch.cat([q, q.new_zeros((len(rows), 1, q.size(-1)))], 1)[rows, kept]
         nxt = torch.multinomial(residual(p_next, q_next), 1, generator=self.gen._generator)[:, 0]
         new = torch.cat([tokens, tokens.new_zeros((len(rows), 1))], 1)
         new[rows, kept] = nxt
-        write = torch.arange(depth + 1) <= kept[:, None]  # (S, D + 1)
+        write = torch.arange(depth + 1, device=device) <= kept[:, None]  # (S, D + 1)
         state.seqs.scatter_(1, positions, torch.where(write, new, state.seqs.gather(1, positions)))
         new_scores = scored.gather(2, new[..., None])[..., 0]
         old_scores = state.step_scores.gather(1, positions)
