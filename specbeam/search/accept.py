@@ -92,7 +92,8 @@ class BeamAcceptor:
         tree: DraftTree,
         output: list[list[Hypothesis]],
     ) -> Acceptance:
-        ext = native.module() if self.relax is None and not self.rules.step_processors else None
+        exact = self.relax is None and not self.rules.step_processors
+        ext = native.module_for(verification.logits) if exact else None
         if ext is not None:
             return self._accept_compiled(ext, state, verification, tree, output)
         if (
@@ -118,7 +119,7 @@ class BeamAcceptor:
         compiled: csrc/accept.cpp scores only the slots the replay reads and returns the
         hypotheses' tokens and the finished ones; here they go into the state and output."""
         rules, num_slots = self.rules, verification.logits.size(1)
-        finished = torch.tensor([len(output[i]) for i in state.source_ids.tolist()])
+        finished = torch.tensor([len(output[i]) for i in state.source_ids.tolist()], device=HOST)
         seqs, step_scores, scores, origin, node, roots, steps, accepted, done, *events = ext.accept(
             verification.logits, verification.root_slots, verification.node_slots, tree.tokens,
             tree.parents, tree.valid, verification.table.positions[:, :num_slots], state.scores,

@@ -55,8 +55,8 @@ def tree_bias(lens: Tensor, k: int, column: Tensor, visible: Tensor, dtype: torc
     """Additive self-attention mask (S, 1, T, width·k + slots): slot t of source s sees
     position c of the cached prefix in column column[s, t, c] (positions c < lens[s] of the
     width, columns interleaved position-major as in the cache) and the slots `visible`
-    (S, T, slots) says. Compiled where `native` is built (the same ops)."""
-    ext = native.module()
+    (S, T, slots) says. Compiled where `native` is built and runs (the same ops)."""
+    ext = native.module_for(column)
     if ext is not None:
         return ext.tree_bias(lens, k, column, visible, dtype)
     width = column.size(2)
