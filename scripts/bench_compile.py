@@ -35,7 +35,8 @@ from specbeam.apps.data import pad  # noqa: E402
 from specbeam.integration.models import load_pair  # noqa: E402
 from specbeam.search import onednn  # noqa: E402
 from specbeam.search.lean_decoder import LeanDecoder  # noqa: E402
-from specbeam.search.tree_attention import SlotTable, TreeDecoder  # noqa: E402
+from specbeam.search.slots import SlotTable  # noqa: E402
+from specbeam.search.tree_attention import TreeDecoder  # noqa: E402
 
 
 @torch.library.custom_op("specbeam_bench::linear", mutates_args=())

@@ -1,11 +1,8 @@
 """Exact speculative beam search for fairseq2 translation models."""
 
 from specbeam.search.config import MachineSettings, SearchSettings, SpeculativeSearchConfig
-from specbeam.search.generator import (
-    SpeculativeBeamSearchSeq2SeqGenerator,
-    SpeculativeGeneratorOutput,
-)
-from specbeam.search.stats import SpecStats
+from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 
 __all__ = [
     "MachineSettings",

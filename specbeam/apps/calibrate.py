@@ -55,7 +55,8 @@ from specbeam.integration.models import Draft, ModelPairConfig, load_pair
 from specbeam.paths import REPO_ROOT
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.runtime import Runtime
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.slots import SlotTable
+from specbeam.search.tree_attention import TreeDecoder
 
 log = logging.getLogger("specbeam.calibrate")
 

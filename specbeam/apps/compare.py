@@ -18,9 +18,8 @@ from tqdm import tqdm
 
 from specbeam.apps.data import pad
 from specbeam.apps.inference import encode_sources, target_prompt
-from specbeam.search.generator import SpeculativeGeneratorOutput
 from specbeam.search.peak_cache import PeakCacheProbe
-from specbeam.search.stats import SpecStats
+from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 
 
 @dataclass

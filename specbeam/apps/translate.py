@@ -28,7 +28,7 @@ from specbeam.apps.inference import translate_texts
 from specbeam.apps.split import Split, Splitter, flatten, join
 from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines
 from specbeam.paths import REPO_ROOT
-from specbeam.search.generator import SpeculativeGeneratorOutput
+from specbeam.search.stats import SpeculativeGeneratorOutput
 
 log = logging.getLogger("specbeam.translate")
 

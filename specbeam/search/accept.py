@@ -10,11 +10,14 @@ pass going: hypotheses off the tree whose own score (an upper bound on their chi
 is below the k-th non-EOS candidate of step j + 1 cannot affect it.
 
 The vocabulary-wide work (log-softmax of every slot once, adding scores, the top 2k)
-runs in torch; the bookkeeping on (S, k)-sized arrays runs in numpy, whose ops cost under
-a microsecond against torch's 2-5 µs of dispatch (a pass at beam 5 and γ 2 makes about
-150 of them). Each step keeps its parents, tokens and scores; the hypotheses' tokens and
-scores are written once, at the end (`_Replay`). Beam 1 over a linear draft (spec
-greedy) ranks all steps of a pass in one batch instead.
+runs where the logits are; the bookkeeping on (S, k)-sized tensors runs on the host, and
+every crossing goes through `to_host` and `to_device`, the host/device boundary. On a
+CPU they copy nothing. On a GPU a pass's small inputs cross once at its start and its
+results once at its end; in between, each step sends the rows it reads and gets back its
+2k best candidates per source, since the ranking runs on the device, where ties break as
+in fairseq2's search there. Each step keeps its parents, tokens and scores; the
+hypotheses' tokens and scores are written once, at the end (`_Replay`). Beam 1 over a
+linear draft (spec greedy) ranks all steps of a pass in one batch instead.
 
 Where the native extension is built (`specbeam.search.native`) and neither a relaxation
 nor step processors take part, all of it runs compiled (csrc/accept.cpp), scoring only the
@@ -29,7 +32,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import final
 
-import numpy as np
 import torch
 from fairseq2.generation import Hypothesis
 from torch import Tensor
@@ -90,7 +92,8 @@ class BeamAcceptor:
         tree: DraftTree,
         output: list[list[Hypothesis]],
     ) -> Acceptance:
-        ext = native.module() if self.relax is None and not self.rules.step_processors else None
+        exact = self.relax is None and not self.rules.step_processors
+        ext = native.module_for(verification.logits) if exact else None
         if ext is not None:
             return self._accept_compiled(ext, state, verification, tree, output)
         if (
@@ -116,7 +119,7 @@ class BeamAcceptor:
         compiled: csrc/accept.cpp scores only the slots the replay reads and returns the
         hypotheses' tokens and the finished ones; here they go into the state and output."""
         rules, num_slots = self.rules, verification.logits.size(1)
-        finished = torch.tensor([len(output[i]) for i in state.source_ids.tolist()])
+        finished = torch.tensor([len(output[i]) for i in state.source_ids.tolist()], device=HOST)
         seqs, step_scores, scores, origin, node, roots, steps, accepted, done, *events = ext.accept(
             verification.logits, verification.root_slots, verification.node_slots, tree.tokens,
             tree.parents, tree.valid, verification.table.positions[:, :num_slots], state.scores,
@@ -137,19 +140,20 @@ class BeamAcceptor:
     ) -> Acceptance:
         """Plain beam search (no tree, one slot per hypothesis: its root): fairseq2's
         step once, as the replay's first step computes it, without the replay."""
-        k, n = self.k, state.n
+        k, n, device = self.k, state.n, state.seqs.device
         lprobs = _scored(self.rules, verification)  # (S, n, V): slot i is hypothesis i
         num_sources, _, vocab = lprobs.shape
         cand = (state.scores[..., None] + lprobs).flatten(1)
         top, index, token, is_eos, keep = _ranked(cand, k, vocab, self.rules.eos_idx)
-        done = np.zeros(num_sources, dtype=bool)
+        done = torch.zeros(num_sources, dtype=torch.bool, device=HOST)
         finishing = is_eos[:, :k]
         if finishing.any():
+            step_nr, source_ids = to_host(state.step_nr, state.source_ids)
             seqs, step_scores = state.seqs[:, :n], state.step_scores[:, :n]
-            self._finish(finishing, index // vocab, top, seqs, step_scores, state.step_nr, state.source_ids, output, done)  # fmt: skip
-        sources = np.arange(num_sources)[:, None]
-        index, top = index[sources, keep], top[sources, keep]
-        parent, token = torch.from_numpy(index // vocab), torch.from_numpy(token[sources, keep])
+            self._finish(finishing, index // vocab, top, seqs, step_scores, step_nr, source_ids, output, done)  # fmt: skip
+        parent, token, top, done = to_device(
+            device, index.gather(1, keep) // vocab, token.gather(1, keep), top.gather(1, keep), done
+        )
         length = state.seqs.size(-1)
         rows = parent[..., None].expand(-1, -1, length)
         state.seqs, state.step_scores = (
@@ -158,18 +162,18 @@ class BeamAcceptor:
         )
         at = state.step_nr.clamp(max=length - 1)[:, None, None].expand(-1, k, 1)
         state.seqs.scatter_(2, at, token[..., None])
-        state.scores = torch.from_numpy(top)
+        state.scores = top
         state.step_scores.scatter_(2, at, state.scores[..., None])
         state.step_nr = state.step_nr + 1
         state.n = k
-        ones = torch.ones(num_sources, dtype=torch.int64)
+        ones = torch.ones(num_sources, dtype=torch.int64, device=device)
         return Acceptance(
             origin=parent,
             node=torch.full_like(parent, -1),
             roots=token,
             steps=ones,
             accepted=torch.zeros_like(ones),
-            done=torch.from_numpy(done),
+            done=done,
         )
 
     def _accept_tree(
@@ -181,23 +185,29 @@ class BeamAcceptor:
     ) -> Acceptance:
         k, width, n = self.k, tree.width, state.n
         num_sources, num_slots, vocab = verification.logits.shape
+        device = verification.logits.device
         every_slot = None if self.rules.step_processors else _scored(self.rules, verification)
         # Row r of the replay: live hypothesis r < n, else tree node r - n; its slot, as
         # an index into the flattened (S * T, V) log-probs.
         slots = torch.cat([verification.root_slots, verification.node_slots.flatten(1)], 1)
-        flat_slots = (slots + torch.arange(num_sources)[:, None] * num_slots).numpy()  # (S, R)
-        keys = _node_keys(tree, n, vocab)  # (S, R)
-        replay = _Replay(state)
-        sources = np.arange(num_sources)[:, None]
-        scores = state.scores.numpy()
-        row = np.tile(np.arange(n), (num_sources, 1))  # (S, h) -1: off the tree, not verified
+        slots, tokens, parents, valid, scores, step_nr, source_ids = to_host(
+            slots, tree.tokens, tree.parents, tree.valid, state.scores, state.step_nr,
+            state.source_ids,
+        )  # fmt: skip
+        flat_slots = slots + torch.arange(num_sources, device=HOST)[:, None] * num_slots  # (S, R)
+        keys = _node_keys(tokens, parents, valid, n, vocab)  # (S, R)
+        replay = _Replay(state, step_nr)
+        row = torch.arange(n, device=HOST).expand(num_sources, n)  # (S, h) -1: off the tree
         last = row  # the deepest verified row on each hypothesis' path
-        active = np.ones(num_sources, dtype=bool)
-        done = np.zeros(num_sources, dtype=bool)
-        accepted = np.zeros(num_sources, dtype=np.int64)
+        active = torch.ones(num_sources, dtype=torch.bool, device=HOST)
+        done = torch.zeros(num_sources, dtype=torch.bool, device=HOST)
+        accepted = torch.zeros(num_sources, dtype=torch.int64, device=HOST)
         for j in range(tree.depth + 1):
-            # row -1 reads some row: masked below.
-            at_slot = torch.from_numpy(flat_slots[sources, np.maximum(row, 0)])
+            off = row < 0 if j > 0 else None  # the first step's rows are the live hypotheses
+            some_off = off is not None and bool(off.any())
+            bases = scores.masked_fill(off, -torch.inf) if some_off else scores
+            # row -1 reads some row: masked by its base.
+            at_slot, bases = to_device(device, flat_slots.gather(1, row.clamp(min=0)), bases)
             if every_slot is None:
                 logits = verification.logits.flatten(0, 1).index_select(0, at_slot.flatten())
                 lprobs = self.rules.log_probs(logits).view(num_sources, -1, vocab)
@@ -205,97 +215,108 @@ class BeamAcceptor:
             else:
                 lprobs = every_slot.flatten(0, 1).index_select(0, at_slot.flatten())
                 lprobs = lprobs.view(num_sources, -1, vocab)  # (S, h, V)
-            off = row < 0
-            some_off = j > 0 and bool(off.any())
-            bases = np.where(off, np.float32(-np.inf), scores) if some_off else scores
-            cand = (torch.from_numpy(bases)[..., None] + lprobs).flatten(1)
+            cand = (bases[..., None] + lprobs).flatten(1)
             top, index, token, is_eos, keep = _ranked(cand, k, vocab, self.rules.eos_idx)
             if some_off:
+                assert off is not None
                 # A hypothesis off the tree has no verified log-probs, but its children
                 # score at most its own score. The step is decided by the candidates up to
                 # the k-th non-EOS one: below it, none of those children could change it.
-                decisive = top[sources[:, 0], keep[:, -1]]
-                reach = np.where(off, scores, -np.inf).max(-1)
+                decisive = top.gather(1, keep[:, -1:])[:, 0]
+                reach = scores.masked_fill(~off, -torch.inf).amax(-1)
                 active &= ~off.any(-1) | (reach < decisive)  # else the pass ends before j
-            finishing = is_eos[:, :k] & active[:, None]
-            if finishing.any():
+            # EOS in the top k is rare: the mask is built only then.
+            some_finish = bool(is_eos[:, :k].any())
+            if some_finish:
+                finishing = is_eos[:, :k] & active[:, None]
                 seqs, step_scores, _ = replay.prefixes()
-                self._finish(finishing, index // vocab, top, seqs, step_scores, state.step_nr + j, state.source_ids, output, done)  # fmt: skip
-            index, token, top = index[sources, keep], token[sources, keep], top[sources, keep]
+                self._finish(finishing, index // vocab, top, seqs, step_scores, step_nr + j, source_ids, output, done)  # fmt: skip
+            index, token, top = index.gather(1, keep), token.gather(1, keep), top.gather(1, keep)
             parent = index // vocab
             # A node's key is its parent's row and its token; an off-tree parent has none.
-            key = row[sources, parent] * vocab + token
-            match = key[..., None] == keys[:, None, :]  # (S, k, R)
-            in_tree, child = match.any(-1), match.argmax(-1)  # child: a row
-            go_on = in_tree.all(-1)
+            key = row.gather(1, parent) * vocab + token
+            # child: the first matching row (any row where none matches)
+            in_tree, child = (key[..., None] == keys[:, None, :]).max(-1)  # (S, k, R) -> (S, k)
             if self.relax is not None and j < tree.depth and width >= k:
                 level = row if j == 0 else row - n - (j - 1) * width  # ids in level j's parents
-                r = relaxed_step(
-                    self.relax,
-                    lprobs,
-                    torch.from_numpy(scores),
-                    torch.from_numpy(level),
-                    tree,
-                    j,
-                    k,
+                on_device = to_device(device, scores, level)
+                r = relaxed_step(self.relax, lprobs, *on_device, tree, j, k)
+                ok, r_parent, r_token, r_score, r_child = to_host(
+                    r.ok, r.parent, r.token, r.score, r.child
                 )
-                swap = (r.ok.numpy() & ~go_on)[:, None]
-                parent = np.where(swap, r.parent.numpy(), parent)
-                token = np.where(swap, r.token.numpy(), token)
-                top = np.where(swap, r.score.numpy(), top)
-                child = np.where(swap, n + r.child.numpy(), child)
+                swap = (ok & ~in_tree.all(-1))[:, None]
+                parent = torch.where(swap, r_parent, parent)
+                token = torch.where(swap, r_token, token)
+                top = torch.where(swap, r_score, top)
+                child = torch.where(swap, n + r_child, child)
                 in_tree |= swap
-                go_on |= swap[:, 0]
-            if self.bounded:
-                go_on |= in_tree.any(-1)  # the next step checks the others are out of reach
-            go_on &= active & ~done
+            # Bounded, the next step checks the hypotheses off the tree are out of reach.
+            go_on = in_tree.any(-1) if self.bounded else in_tree.all(-1)
+            # A source done in an earlier step is no longer active.
+            go_on &= (active & ~done) if some_finish else active
             take = in_tree & go_on[:, None]
-            parent_last = last[sources, parent]
+            parent_last = last.gather(1, parent)
             replay.add(parent, token, top, parent_last, active)
             accepted += take.sum(-1)
-            last = np.where(take, child, parent_last)
-            row = np.where(take, child, -1)
+            last = torch.where(take, child, parent_last)
+            row = torch.where(take, child, -1)
             scores = top
             active = go_on
             if not active.any():
                 break
         seqs, step_scores, origin = replay.prefixes()
-        steps, (_, roots, scores, parent_last) = replay.final()
-        state.seqs, state.step_scores = seqs, step_scores
-        state.scores = torch.from_numpy(scores)
-        state.step_nr = state.step_nr + torch.from_numpy(steps)
-        state.n = k
-        return Acceptance(
-            origin=torch.from_numpy(origin),
-            node=torch.from_numpy(np.maximum(parent_last - n, -1)),
-            roots=torch.from_numpy(roots),
-            steps=torch.from_numpy(steps),
-            accepted=torch.from_numpy(accepted),
-            done=torch.from_numpy(done),
+        steps, (roots, scores, parent_last) = replay.final()
+        origin, node, roots, steps, accepted, done, scores = to_device(
+            device, origin, (parent_last - n).clamp(min=-1), roots, steps, accepted, done, scores
         )
+        state.seqs, state.step_scores = seqs, step_scores
+        state.scores = scores
+        state.step_nr = state.step_nr + steps
+        state.n = k
+        return Acceptance(origin, node, roots, steps, accepted, done)
 
     def _finish(
         self,
-        finishing: np.ndarray,
-        parent: np.ndarray,
-        top: np.ndarray,
+        finishing: Tensor,
+        parent: Tensor,
+        top: Tensor,
         seqs: Tensor,
         step_scores: Tensor,
         step_nr: Tensor,
         source_ids: Tensor,
         output: list[list[Hypothesis]],
-        done: np.ndarray,
+        done: Tensor,
     ) -> None:
         """Moves the EOS candidates in the top k to the output, in rank order, until a
-        source has k hypotheses (then it is done, as in fairseq2)."""
-        for s, rank in zip(*finishing.nonzero(), strict=True):
+        source has k hypotheses (then it is done, as in fairseq2). finishing, parent, top:
+        (S, ·) and step_nr, source_ids, done: (S,) on the host; seqs, step_scores (S, h, L)
+        where the state lives."""
+        for s, rank in finishing.nonzero().tolist():
             if done[s]:
                 continue
-            hyp, t, score = int(parent[s, rank]), int(step_nr[s]), torch.tensor(top[s, rank])
+            hyp, t = int(parent[s, rank]), int(step_nr[s])
+            (score,) = to_device(seqs.device, top[s, rank].clone())
             hyps = output[int(source_ids[s])]
             hyps.append(self.finish(seqs[s, hyp], step_scores[s, hyp], score, t))
             if len(hyps) == self.k:
                 done[s] = True
+
+
+HOST = torch.device("cpu")
+"""Where the replay's bookkeeping runs."""
+
+
+def to_host(*tensors: Tensor) -> list[Tensor]:
+    """THE host/device boundary, inward: the replay's bookkeeping runs on the host, over
+    the small tensors ((S, k) to (S, R)) it reads. On a CPU these are the tensors
+    themselves; on a GPU each call is a copy and a wait."""
+    return [t.to(HOST) for t in tensors]
+
+
+def to_device(device: torch.device, *tensors: Tensor) -> list[Tensor]:
+    """THE host/device boundary, outward: what the replay decided, to where the
+    state, the log-probs and the caches live."""
+    return [t.to(device) for t in tensors]
 
 
 def _id(token: int | None) -> int:
@@ -304,87 +325,89 @@ def _id(token: int | None) -> int:
 
 def _ranked(
     cand: Tensor, k: int, vocab: int, eos: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """fairseq2's ranking of one step's candidates cand (S, h·V): the top 2k scores and
-    their flat indices, tokens and EOS flags, and `keep` (S, k), the ranks of the first k
-    non-EOS ones."""
-    top, index = (t.numpy() for t in cand.topk(min(2 * k, cand.size(1))))
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """fairseq2's ranking of one step's candidates cand (S, h·V), where they are (ties
+    break as in fairseq2's search there): on the host, the top 2k scores and their flat
+    indices, tokens and EOS flags, and `keep` (S, k), the ranks of the first k non-EOS
+    ones."""
+    top, index = to_host(*cand.topk(min(2 * k, cand.size(1))))
     token = index % vocab
     is_eos = token == eos
-    return top, index, token, is_eos, np.argsort(is_eos, axis=1, kind="stable")[:, :k]
+    return top, index, token, is_eos, is_eos.argsort(dim=1, stable=True)[:, :k]
 
 
-def _node_keys(tree: DraftTree, n: int, vocab: int) -> np.ndarray:
+def _node_keys(tokens: Tensor, parents: Tensor, valid: Tensor, n: int, vocab: int) -> Tensor:
     """(S, n + D * w): each tree node's parent row times `vocab` plus its token, so that a
     candidate (parent row, token) finds its node by one comparison; -1 for the live
-    hypotheses' rows and invalid nodes."""
-    tokens, parents, valid = tree.tokens.numpy(), tree.parents.numpy(), tree.valid.numpy()
+    hypotheses' rows and invalid nodes. tokens, parents, valid: the tree's (S, D, w)."""
     num_sources, depth, width = tokens.shape
     # The parent's row: a live hypothesis at depth 1, else a node one level up.
-    offset = np.array([0] + [n + (d - 1) * width for d in range(1, depth)], dtype=np.int64)
-    keys = np.where(valid, (parents + offset[:, None]) * vocab + tokens, -1)
-    return np.concatenate([np.full((num_sources, n), -1), keys.reshape(num_sources, -1)], 1)
+    offset = torch.tensor([0] + [n + (d - 1) * width for d in range(1, depth)], device=HOST)
+    keys = torch.where(valid, (parents + offset[:, None]) * vocab + tokens, -1)
+    return torch.cat([keys.new_full((num_sources, n), -1), keys.flatten(1)], 1)
 
 
 @final
 class _Replay:
-    """The replay's steps, kept as (parent, token, score) per step: the hypotheses'
-    tokens and scores are rebuilt once at the end (or when a finishing hypothesis or a
-    step processor needs its prefix), not copied at every step."""
+    """The replay's steps, kept on the host as (parent, token, score) per step: the
+    hypotheses' tokens and scores are rebuilt once at the end (or when a finishing
+    hypothesis or a step processor needs its prefix), not copied at every step."""
 
-    def __init__(self, state: BeamState) -> None:
+    def __init__(self, state: BeamState, step_nr: Tensor) -> None:
+        """step_nr: the state's (S,), on the host."""
         self.state = state
+        self.step_nr = step_nr
         # Per step, each (S, k): parent, token, cumulative score, the parent's deepest
         # verified row; and (S,) whether the source took the step.
-        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        self.taken: list[np.ndarray] = []
+        self.steps: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.taken: list[Tensor] = []
 
     def add(
-        self,
-        parent: np.ndarray,
-        token: np.ndarray,
-        score: np.ndarray,
-        parent_last: np.ndarray,
-        taken: np.ndarray,
+        self, parent: Tensor, token: Tensor, score: Tensor, parent_last: Tensor, taken: Tensor
     ) -> None:
         self.steps.append((parent, token, score, parent_last))
         self.taken.append(taken)
 
-    def final(self) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Steps each source took (S,), and its last step's record (each (S, k))."""
-        steps = np.stack(self.taken, 1).sum(1)
-        sources = np.arange(len(steps))
-        return steps, [np.stack(f, 1)[sources, steps - 1] for f in zip(*self.steps, strict=True)]
+    def final(self) -> tuple[Tensor, list[Tensor]]:
+        """Steps each source took (S,), and its last step's token, score and parent's
+        deepest verified row (each (S, k))."""
+        steps = torch.stack(self.taken, 1).sum(1)
+        _, *fields = zip(*self.steps, strict=True)
+        at = (steps - 1)[:, None, None].expand(-1, 1, self.steps[-1][0].size(1))  # (S, 1, k)
+        return steps, [torch.stack(f, 1).gather(1, at)[:, 0] for f in fields]
 
-    def prefixes(self) -> tuple[Tensor, Tensor, np.ndarray]:
+    def prefixes(self) -> tuple[Tensor, Tensor, Tensor]:
         """Tokens and cumulative scores (S, h, L) of the current hypotheses (each source's
-        after its last step taken) and the live hypothesis each extends (S, h)."""
+        after its last step taken), where the state lives, and the live hypothesis each
+        extends (S, h), on the host."""
         state = self.state
         num_sources, n = state.scores.shape
         if not self.steps:
-            return state.seqs[:, :n], state.step_scores[:, :n], np.tile(np.arange(n), (num_sources, 1))  # fmt: skip
-        taken = np.stack(self.taken, 1)  # (S, J): a prefix of each row is True
-        h = self.steps[-1][0].shape[1]
-        sources = np.arange(num_sources)[:, None]
-        hyp = np.tile(np.arange(h), (num_sources, 1))
+            return state.seqs[:, :n], state.step_scores[:, :n], torch.arange(n, device=HOST).expand(num_sources, n)  # fmt: skip
+        taken = torch.stack(self.taken, 1)  # (S, J): a prefix of each row is True
+        num_steps, h = taken.size(1), self.steps[-1][0].size(1)
+        hyp = torch.arange(h, device=HOST).expand(num_sources, h)
         tokens, scores = [], []
-        for j in range(len(self.steps) - 1, -1, -1):
+        for j in range(num_steps - 1, -1, -1):
             parent, token, score, _ = self.steps[j]
-            tokens.append(token[sources, hyp])
-            scores.append(score[sources, hyp])
-            hyp = np.where(taken[:, j, None], parent[sources, hyp], hyp)
+            tokens.append(token.gather(1, hyp))
+            scores.append(score.gather(1, hyp))
+            hyp = torch.where(taken[:, j, None], parent.gather(1, hyp), hyp)
         # A step a source did not take repeats its last one: same value at the same index.
-        last = np.maximum(taken.sum(1, keepdims=True) - 1, 0)
-        step = np.minimum(np.arange(taken.shape[1]), last)[:, None]  # (S, 1, J)
+        last = (taken.sum(1, keepdim=True) - 1).clamp(min=0)
+        step = torch.minimum(torch.arange(num_steps, device=HOST), last)  # (S, J)
         length = state.seqs.size(-1)
-        at = np.minimum(state.step_nr.numpy()[:, None, None] + step, length - 1)
-        at = torch.from_numpy(at).expand(-1, h, -1)
-        rows = torch.from_numpy(hyp)[..., None].expand(-1, -1, length)
-        seqs, step_scores = state.seqs.gather(1, rows), state.step_scores.gather(1, rows)
+        at = (self.step_nr[:, None] + step).clamp(max=length - 1)[:, None].expand(-1, h, -1)
         # (S, h, J): step J - 1 - i was appended i-th.
-        at_step = (sources[..., None], np.arange(h)[:, None], len(self.steps) - 1 - step)
-        seqs.scatter_(2, at, torch.from_numpy(np.stack(tokens, 2)[at_step]))
-        step_scores.scatter_(2, at, torch.from_numpy(np.stack(scores, 2)[at_step]))
+        appended = (num_steps - 1 - step)[:, None].expand(-1, h, -1)
+        new_tokens = torch.stack(tokens, 2).gather(2, appended)
+        new_scores = torch.stack(scores, 2).gather(2, appended)
+        rows, at, new_tokens, new_scores = to_device(
+            state.seqs.device, hyp[..., None].expand(-1, -1, length), at, new_tokens, new_scores
+        )
+        seqs, step_scores = state.seqs.gather(1, rows), state.step_scores.gather(1, rows)
+        seqs.scatter_(2, at, new_tokens)
+        step_scores.scatter_(2, at, new_scores)
         return seqs, step_scores, hyp
 
 
@@ -436,8 +459,9 @@ def _accept_chain(
     finished = is_eos.gather(1, last).squeeze(1)
     # Steps up to `accepted` write their choice (the drafted token, then the target's).
     seqs, step_scores = state.seqs[:, 0], state.step_scores[:, 0]  # (S, L)
-    at = (state.step_nr[:, None] + torch.arange(depth + 1)).clamp(max=seqs.size(1) - 1)
-    write = torch.arange(depth + 1) <= last
+    steps_ahead = torch.arange(depth + 1, device=seqs.device)  # (D + 1,)
+    at = (state.step_nr[:, None] + steps_ahead).clamp(max=seqs.size(1) - 1)
+    write = steps_ahead <= last
     seqs.scatter_(1, at, torch.where(write, choice, seqs.gather(1, at)))
     step_scores.scatter_(1, at, torch.where(write, score, step_scores.gather(1, at)))
     end = state.step_nr + accepted
@@ -448,7 +472,7 @@ def _accept_chain(
     state.scores = score.gather(1, last)
     state.step_nr = state.step_nr + steps
     return Acceptance(
-        origin=torch.zeros((num_sources, 1), dtype=torch.int64),
+        origin=torch.zeros_like(last),
         node=last - 1,
         roots=choice.gather(1, last),
         steps=steps,

@@ -22,15 +22,16 @@ class BeamState:
     def start(prompts: Tensor, beam_size: int, max_seq_len: int) -> BeamState:
         """prompts: (S, P)."""
         num_sources, prompt_len = prompts.shape
-        seqs = torch.zeros((num_sources, beam_size, max_seq_len), dtype=torch.int64)
+        device = prompts.device
+        seqs = torch.zeros((num_sources, beam_size, max_seq_len), dtype=torch.int64, device=device)
         seqs[:, :, :prompt_len] = prompts[:, None, :]
         return BeamState(
             seqs=seqs,
-            step_scores=torch.zeros((num_sources, beam_size, max_seq_len)),
-            scores=torch.zeros((num_sources, 1)),
-            step_nr=torch.full((num_sources,), prompt_len, dtype=torch.int64),
+            step_scores=torch.zeros((num_sources, beam_size, max_seq_len), device=device),
+            scores=torch.zeros((num_sources, 1), device=device),
+            step_nr=torch.full((num_sources,), prompt_len, dtype=torch.int64, device=device),
             n=1,
-            source_ids=torch.arange(num_sources),
+            source_ids=torch.arange(num_sources, device=device),
         )
 
     def select_sources(self, keep: Tensor) -> None:

@@ -26,8 +26,9 @@ from torch import Tensor
 
 from specbeam.search.onednn import linear
 from specbeam.search.rules import ScoringRules
+from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.tree_attention import TreeDecoder
 from specbeam.search.verify import Verification
 
 DraftStrategy = Literal["beam", "linear", "topm"]
@@ -115,7 +116,9 @@ class Drafter:
         self.choose: ChooseChildren = choose or partial(children, shape)
         # (S, k, c) right-aligned pending chains; all hypotheses of a source share c.
         self.pending = prompt.expand(num_sources, k, -1).clone()
-        self.pending_len = torch.full((num_sources,), prompt.size(-1), dtype=torch.int64)
+        self.pending_len = torch.full(
+            (num_sources,), prompt.size(-1), dtype=torch.int64, device=prompt.device
+        )
         # A draft head's parent states for the pending chains, (S, k, c, M). No state
         # precedes the prompt's tokens (the target has not run yet): they read zeros,
         # as in the head's training.
@@ -128,7 +131,9 @@ class Drafter:
         self.table: SlotTable | None = None
         self.root_slots: Tensor | None = None
         self.passes = 0
-        self.depths = torch.full((num_sources,), shape.depth, dtype=torch.int64)
+        self.depths = torch.full(
+            (num_sources,), shape.depth, dtype=torch.int64, device=prompt.device
+        )
         # FR-Spec: a head drafts over its most frequent target-side tokens; a finished
         # hypothesis needs no draft, so EOS and padding are never among them.
         self.vocab: Tensor | None = None
@@ -204,9 +209,8 @@ class Drafter:
                 cum = score
         self.table, self.root_slots = table, roots
         self.passes += depth
-        valid_levels = (
-            torch.stack(valid, 1) & (torch.arange(depth) < self.depths[:, None])[..., None]
-        )
+        drafted = torch.arange(depth, device=self.depths.device) < self.depths[:, None]  # (S, D)
+        valid_levels = torch.stack(valid, 1) & drafted[..., None]
         tree = DraftTree(
             *(torch.stack(x, 1) for x in (tokens, parents)),
             valid_levels,
@@ -240,7 +244,7 @@ class Drafter:
             self.root_slots.gather(1, origin),
             chain + last,
         )
-        rows = torch.arange(slot.size(0))[:, None]
+        rows = torch.arange(slot.size(0), device=slot.device)[:, None]
         self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])
         pending_node = tree.tokens.flatten(1).gather(1, node.clamp(min=0))
         self.pending = torch.stack([pending_node, roots], dim=-1)
@@ -255,7 +259,7 @@ class Drafter:
         from the states verification computed for their parents: the next pending chain
         (the nodes, then the new root)."""
         assert self.table is not None and self.root_slots is not None
-        rows = torch.arange(origin.size(0))[:, None]
+        rows = torch.arange(origin.size(0), device=origin.device)[:, None]
         keep = self.table.visible[rows, self.root_slots.gather(1, origin), : self.table.size]
         self.decoder.cache.commit(origin, keep)
         path = verification.path_slots(origin, node)  # (S, k, L): c chain links, then nodes
@@ -295,7 +299,8 @@ def children(shape: DraftShape, cand: Tensor, width: int, d: int) -> tuple[Tenso
     strategy = shape.strategy
     if strategy == "linear" or (strategy == "topm" and d >= shape.branch_depth):
         score, token = cand.max(-1)
-        return _best(score, torch.arange(m).expand(num_sources, m), token, width)
+        parent = torch.arange(m, device=cand.device).expand(num_sources, m)
+        return _best(score, parent, token, width)
     if strategy == "beam":
         score, index = cand.flatten(1).topk(min(width, m * vocab))
         return score, index // vocab, index % vocab
@@ -305,7 +310,7 @@ def children(shape: DraftShape, cand: Tensor, width: int, d: int) -> tuple[Tenso
         # The parent's score cancels: this is the draft's probability of its best token.
         sure = (score[..., 0] - cand.logsumexp(-1)).exp() >= shape.branch_below
         score[..., 1:] = score[..., 1:].masked_fill(sure[..., None], -torch.inf)
-    parent = torch.arange(m)[:, None].expand(num_sources, m, branch)
+    parent = torch.arange(m, device=cand.device)[:, None].expand(num_sources, m, branch)
     return _best(score.flatten(1), parent.flatten(1), token.flatten(1), width)
 
 

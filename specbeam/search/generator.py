@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, final
 
 import torch
@@ -20,7 +18,6 @@ from fairseq2.error import NotSupportedError
 from fairseq2.generation import (
     GenerationCounters,
     Seq2SeqGenerator,
-    SequenceGeneratorOutput,
     StepHook,
 )
 from fairseq2.generation.beam_search import (
@@ -36,12 +33,13 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from specbeam.search import onednn
-from specbeam.search.accept import BeamAcceptor
+from specbeam.search.accept import Acceptance, BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.cache import surviving_rows
 from specbeam.search.config import SpeculativeSearchConfig
 from specbeam.search.draft import Drafter
 from specbeam.search.head import DraftHead
+from specbeam.search.loop import SpeculativeLoop
 from specbeam.search.memory import (
     DecoderSize,
     cache_capacity,
@@ -53,17 +51,12 @@ from specbeam.search.memory import (
 from specbeam.search.planner import PassShape, Planner
 from specbeam.search.rules import ScoringRules, length_limits
 from specbeam.search.runtime import Runtime
-from specbeam.search.stats import SpecStats
+from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
-from specbeam.search.verify import Verifier
+from specbeam.search.verify import Verification, Verifier
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SpeculativeGeneratorOutput(SequenceGeneratorOutput):
-    stats: SpecStats = field(default_factory=SpecStats)
 
 
 @final
@@ -313,8 +306,8 @@ def _concatenate(outputs: list[SpeculativeGeneratorOutput]) -> SpeculativeGenera
     return SpeculativeGeneratorOutput(hypotheses, counters, stats)
 
 
-class _Op:
-    """One generation call's state and loop."""
+class _Op(SpeculativeLoop[BeamState]):
+    """One beam-search call's state, and its steps of the loop."""
 
     def __init__(
         self,
@@ -332,10 +325,8 @@ class _Op:
         k = s.beam_size
         num_sources, prompt_len = prompts.shape
         width = k if shape.strategy == "linear" else shape.width
-        self.rules = ScoringRules(
-            eos_idx=int(vocab.eos_idx),
-            pad_idx=vocab.pad_idx,
-            unk_idx=vocab.unk_idx,
+        self.rules = ScoringRules.of(
+            vocab,
             unk_penalty=s.unk_penalty,
             temperature=s.temperature,
             min_seq_len=min_seq_len,
@@ -376,66 +367,22 @@ class _Op:
             steps_per_source=[0] * num_sources,
         )
 
-    def __call__(self) -> SpeculativeGeneratorOutput:
-        try:
-            return self._run()
-        finally:
-            self.verifier.decoder.cache.release()
-            if self.drafter is not None:
-                self.drafter.decoder.cache.release()
+    @property
+    def hyps_per_row(self) -> int:
+        return self.acceptor.k
 
-    def _run(self) -> SpeculativeGeneratorOutput:
-        started = time.perf_counter()
-        state, stats = self.state, self.stats
-        chains = self.prompts[:, None, :]
-        chain_len = torch.full((len(chains),), chains.size(-1), dtype=torch.int64)
-        first = True
-        while len(state.step_nr) > 0:
-            with stats.timed("draft"):
-                tree = (
-                    DraftTree.empty(len(chains))
-                    if self.drafter is None
-                    else self.drafter.propose(state.scores, state.n)
-                )
-            with stats.timed("verify"):
-                verification = self.verifier.verify(chains, chain_len, tree)
-            with stats.timed("accept"):
-                if first:
-                    self.acceptor.score_prompt(state, verification, self.prompts)
-                    first = False
-                acceptance = self.acceptor.accept(state, verification, tree, self.output)
-            with stats.timed("commit"):
-                self.verifier.commit(verification, acceptance.origin, acceptance.node)
-                if self.drafter is not None:
-                    self.drafter.commit(
-                        acceptance.origin, acceptance.node, acceptance.roots, tree, verification
-                    )
-                    self.drafter.adapt(acceptance.steps)
-            stats.record_pass(
-                state.source_ids, acceptance.steps, tree.num_nodes(), acceptance.accepted
-            )
-            stats.verified_slots += verification.computed_slots
-            chains = acceptance.roots[..., None]
-            chain_len = torch.ones(len(chains), dtype=torch.int64)
-            if acceptance.done.any():
-                keep = surviving_rows(acceptance.done)
-                state.select_sources(keep)
-                self.verifier.decoder.select_sources(keep)
-                if self.drafter is not None:
-                    self.drafter.select_sources(keep)
-                chains = chains.index_select(0, keep)
-                chain_len = chain_len.index_select(0, keep)
-        stats.peak_target_cache_bytes = self.verifier.decoder.cache.peak_bytes
-        if self.drafter is not None:
-            stats.draft_passes = self.drafter.passes
-            stats.peak_draft_cache_bytes = self.drafter.decoder.cache.peak_bytes
-        for hyps in self.output:
-            hyps.sort(key=lambda h: h.score, reverse=True)  # stable, as in fairseq2
-        counters = GenerationCounters(
-            prefill_size=self.prompts.numel(),
-            num_generated_elements=stats.steps * self.acceptor.k,
-            generation_time=time.perf_counter() - started,
-            cache_size=self.verifier.decoder.cache.bytes_held(),
-            cache_capacity=stats.peak_target_cache_bytes,
-        )
-        return SpeculativeGeneratorOutput(self.output, counters, stats)
+    def _propose(self, drafter: Drafter) -> DraftTree:
+        return drafter.propose(self.state.scores, self.state.n)
+
+    def _score_prompt(self, verification: Verification) -> None:
+        self.acceptor.score_prompt(self.state, verification, self.prompts)
+
+    def _accept(self, verification: Verification, tree: DraftTree) -> Acceptance:
+        return self.acceptor.accept(self.state, verification, tree, self.output)
+
+    def _drop(self, done: Tensor) -> Tensor:
+        """Acceptance has moved the finished hypotheses to the output: here they are
+        ranked, as fairseq2 ranks them."""
+        for source in self.state.source_ids[done].tolist():
+            self.output[source].sort(key=lambda h: h.score, reverse=True)  # stable, as in fairseq2
+        return surviving_rows(done)

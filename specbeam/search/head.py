@@ -95,7 +95,9 @@ class DraftHead(nn.Module):
         if taps:
             self.fuse = Linear((len(taps) + 1) * dim, dim, bias=False, dtype=dtype)
             with torch.no_grad():
-                self.fuse.weight.zero_()[:, -dim:] = torch.eye(dim, dtype=dtype)
+                self.fuse.weight.zero_()[:, -dim:] = torch.eye(
+                    dim, dtype=dtype, device=self.fuse.weight.device
+                )
         self.decoder = StandardTransformerDecoder(layers, target.decoder.layer_norm)
         self.encoder_frontend, self.encoder = target.encoder_frontend, target.encoder
         self.decoder_frontend, self.final_proj = target.decoder_frontend, target.final_proj
@@ -115,8 +117,9 @@ class DraftHead(nn.Module):
                     "`draft_vocab` needs a head with a ranked vocabulary "
                     "(tasks/bible_es_en/rank_vocab.py adds one to a head checkpoint)"
                 )
-            ranked = self.vocab[~torch.isin(self.vocab, torch.tensor(excluded))][:size]
             proj = self.final_proj
+            special = torch.tensor(excluded, device=self.vocab.device)
+            ranked = self.vocab[~torch.isin(self.vocab, special)][:size].to(proj.weight.device)
             bias = None if proj.bias is None else proj.bias.index_select(0, ranked)
             self._projections[key] = (ranked, proj.weight.index_select(0, ranked), bias)
         return self._projections[key]

@@ -217,7 +217,7 @@ class LeanDecoder:
         (S, 1, 1, source length) masks source padding, None without padding. Returns the
         final states and the outputs of layers `taps` (a draft head's features); with
         `packing`, as its (N, ·) rows."""
-        ext = native.module() if self.native is not None else None
+        ext = native.module_for(x) if self.native is not None else None
         if ext is not None:
             assert self.native is not None
             index = None if packing is None else packing.index

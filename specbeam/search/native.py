@@ -12,7 +12,8 @@ The extension is built by torch's `cpp_extension` on first use (about a minute, 
 `~/.cache/specbeam/native/<hash of sources, torch and Python>` or `$SPECBEAM_NATIVE_DIR`);
 `scripts/setup.sh` builds it (`python -m specbeam.build_native`). Where it cannot be
 built the decoder runs its layers, and acceptance its replay, in Python, and the log says
-why. `hardware.native=false` switches it off.
+why; so do calls whose tensors are not on the CPU (`module_for`). `hardware.native=false`
+switches it off.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def build() -> ModuleType | None:
 def module() -> ModuleType | None:
     """The extension, where the current runtime uses it (`Runtime.native`)."""
     return build() if Runtime.current().native else None
+
+
+def module_for(x: Tensor) -> ModuleType | None:
+    """The extension where `x` (any tensor of the call) is on the CPU, the only device its
+    kernels run on; None elsewhere, and the caller runs its portable torch path."""
+    return module() if x.device.type == "cpu" else None
 
 
 def _norm(norm: StandardLayerNorm) -> list[Tensor | None]:

@@ -7,8 +7,8 @@ weight packed once into its blocked layout (2 threads, weights out of cache:
 512×2048 at 27 rows 504 vs 179 µs, at 5 rows 289 vs 97 µs; the 8000-way output
 projection at 5 rows 1424 vs 362 µs). CTranslate2 owes much of its lead to the same.
 The packed copies are kept per weight (repacked when its data changes),
-for inference only: with autograd on, or where oneDNN cannot run the weight, this is
-`torch.nn.functional.linear`. Same arithmetic up to fp32 rounding (≈ 4e-6 on 512-wide
+for inference only: with autograd on, or where oneDNN cannot run the weight (off the
+CPU, or of a type it lacks), this is `torch.nn.functional.linear`. Same arithmetic up to fp32 rounding (≈ 4e-6 on 512-wide
 dot products).
 
 On Intel CPUs MKL dispatches its own small-GEMM kernels, and below a few rows they beat
@@ -186,8 +186,11 @@ def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
 
 
 def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
+    """Whether `torch.nn.functional.linear` runs the product: oneDNN's packed copies and
+    MKL's are CPU kernels, and for inference only."""
     return (
         not Runtime.current().onednn
+        or weights[0].device.type != "cpu"
         or torch.is_grad_enabled()
         or any(dtype != w.dtype for w in weights)
     )

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from fairseq2.data.tokenizers import VocabularyInfo
 from fairseq2.error import NotSupportedError
 from fairseq2.generation.step_processor import StepProcessor
 from fairseq2.nn import BatchLayout
@@ -25,6 +26,30 @@ class ScoringRules:
     min_seq_len: int
     max_seq_len: int
     step_processors: Sequence[StepProcessor] = ()
+
+    @staticmethod
+    def of(
+        vocab: VocabularyInfo,
+        *,
+        unk_penalty: float,
+        temperature: float,
+        min_seq_len: int,
+        max_seq_len: int,
+        step_processors: Sequence[StepProcessor] = (),
+    ) -> ScoringRules:
+        """A generation call's rules over the target's vocabulary (its EOS is set: the
+        generators check)."""
+        assert vocab.eos_idx is not None
+        return ScoringRules(
+            eos_idx=vocab.eos_idx,
+            pad_idx=vocab.pad_idx,
+            unk_idx=vocab.unk_idx,
+            unk_penalty=unk_penalty,
+            temperature=temperature,
+            min_seq_len=min_seq_len,
+            max_seq_len=max_seq_len,
+            step_processors=step_processors,
+        )
 
     def log_probs(self, logits: Tensor) -> Tensor:
         if self.temperature != 1.0:

@@ -11,7 +11,6 @@ independent, so `num_gens` samples are `num_gens` rows.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, final
@@ -20,7 +19,6 @@ import torch
 from fairseq2.data.tokenizers import VocabularyInfo
 from fairseq2.error import NotSupportedError
 from fairseq2.generation import (
-    GenerationCounters,
     Hypothesis,
     Seq2SeqGenerator,
     StepHook,
@@ -34,14 +32,15 @@ from torch.nn.functional import softmax
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from specbeam.search.accept import Acceptance
 from specbeam.search.config import SpeculativeSearchConfig
 from specbeam.search.draft import Drafter, DraftShape
-from specbeam.search.generator import SpeculativeGeneratorOutput
 from specbeam.search.head import DraftHead
+from specbeam.search.loop import SpeculativeLoop
 from specbeam.search.memory import cache_capacity, checked_increment, head_chain_len
 from specbeam.search.rules import ScoringRules, length_limits
 from specbeam.search.runtime import Runtime
-from specbeam.search.stats import SpecStats
+from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
 from specbeam.search.verify import Verification, Verifier
@@ -141,11 +140,11 @@ class SampleState:
     seqs: Tensor  # (S, L) tokens, prompt included
     step_scores: Tensor  # (S, L) probabilities, as fairseq2's sampling records them
     step_nr: Tensor  # (S,) index of the next token
-    row_ids: Tensor  # (S,) index into the caller's batch × num_gens
+    source_ids: Tensor  # (S,) each row's source in the caller's batch
 
-    def select(self, keep: Tensor) -> None:
+    def select_sources(self, keep: Tensor) -> None:
         self.seqs, self.step_scores = self.seqs[keep], self.step_scores[keep]
-        self.step_nr, self.row_ids = self.step_nr[keep], self.row_ids[keep]
+        self.step_nr, self.source_ids = self.step_nr[keep], self.source_ids[keep]
 
 
 @final
@@ -246,8 +245,9 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         )()
 
 
-class _SampleOp:
-    """One call's state and loop; every row is one sample of one source."""
+class _SampleOp(SpeculativeLoop[SampleState]):
+    """One sampling call's state, and its steps of the loop; every row is one sample of
+    one source."""
 
     def __init__(
         self,
@@ -275,10 +275,8 @@ class _SampleOp:
         )  # fmt: skip
         self.verifier = Verifier(target)
         self.draw = DraftSampler(gen._filter, gen._generator)
-        draft_rules = ScoringRules(
-            eos_idx=int(gen._vocab_info.eos_idx),  # type: ignore[arg-type]
-            pad_idx=gen._vocab_info.pad_idx,
-            unk_idx=gen._vocab_info.unk_idx,
+        draft_rules = ScoringRules.of(
+            gen._vocab_info,
             unk_penalty=s.unk_penalty,
             temperature=s.temperature,
             min_seq_len=min_seq_len,
@@ -288,13 +286,14 @@ class _SampleOp:
         shape = DraftShape(strategy="linear", depth=s.gamma, width=1, beam_size=1, vocab=0)
         self.drafter = Drafter(draft, draft_rules, prompts[:, None, :], shape, self.draw)
         # Room for a pass's positions past the end (never kept: the last step is EOS).
-        seqs = torch.zeros((rows, max_seq_len + s.gamma + 1), dtype=torch.int64)
+        device = prompts.device
+        seqs = torch.zeros((rows, max_seq_len + s.gamma + 1), dtype=torch.int64, device=device)
         seqs[:, :prompt_len] = prompts
         self.state = SampleState(
             seqs,
-            torch.zeros(seqs.shape),
-            torch.full((rows,), prompt_len),
-            torch.arange(rows),
+            torch.zeros(seqs.shape, device=device),
+            torch.full((rows,), prompt_len, device=device),
+            torch.arange(rows, device=device) // gen._num_gens,
         )
         self.prompts = prompts
         num_sources = rows // gen._num_gens
@@ -304,57 +303,21 @@ class _SampleOp:
             steps_per_source=[0] * num_sources,
         )
 
-    def __call__(self) -> SpeculativeGeneratorOutput:
-        try:
-            return self._run()
-        finally:
-            self.verifier.decoder.cache.release()
-            self.drafter.decoder.cache.release()
+    @property
+    def hyps_per_row(self) -> int:
+        return 1
 
-    def _run(self) -> SpeculativeGeneratorOutput:
-        started = time.perf_counter()
-        state, stats, g = self.state, self.stats, self.gen._num_gens
-        chains = self.prompts[:, None, :]
-        chain_len = torch.full((len(chains),), chains.size(-1), dtype=torch.int64)
-        first = True
-        while len(state.row_ids) > 0:
-            with stats.timed("draft"):
-                tree = self.drafter.propose(torch.zeros(len(state.row_ids), 1), 1)
-            with stats.timed("verify"):
-                verification = self.verifier.verify(chains, chain_len, tree)
-            with stats.timed("accept"):
-                if first:
-                    self._score_prompt(verification)
-                    first = False
-                kept, token = self._accept(verification, tree)
-                last = (kept - 1)[:, None]  # the last kept node's id (-1: none)
-                origin = torch.zeros_like(last)
-                self.verifier.commit(verification, origin, last)
-                self.drafter.commit(origin, last, token[:, None], tree, verification)
-            stats.record_pass(state.row_ids // g, kept + 1, tree.num_nodes(), kept)
-            stats.verified_slots += verification.computed_slots
-            done = token == self.rules.vocab.eos_idx
-            chains = token[:, None, None]
-            chain_len = torch.ones(len(chains), dtype=torch.int64)
-            if done.any():
-                for row in done.nonzero()[:, 0].tolist():
-                    self._finish(row)
-                keep = (~done).nonzero().squeeze(1)
-                state.select(keep)
-                self.verifier.decoder.select_sources(keep)
-                self.drafter.select_sources(keep)
-                chains, chain_len = chains[keep], chain_len[keep]
-        stats.draft_passes = self.drafter.passes
-        stats.peak_target_cache_bytes = self.verifier.decoder.cache.peak_bytes
-        stats.peak_draft_cache_bytes = self.drafter.decoder.cache.peak_bytes
-        counters = GenerationCounters(
-            prefill_size=self.prompts.numel(),
-            num_generated_elements=stats.steps,
-            generation_time=time.perf_counter() - started,
-            cache_size=self.verifier.decoder.cache.bytes_held(),
-            cache_capacity=stats.peak_target_cache_bytes,
-        )
-        return SpeculativeGeneratorOutput(self.output, counters, stats)
+    def _propose(self, drafter: Drafter) -> DraftTree:
+        step_nr = self.state.step_nr
+        return drafter.propose(torch.zeros((len(step_nr), 1), device=step_nr.device), 1)
+
+    def _drop(self, done: Tensor) -> Tensor:
+        """The finished rows' samples go to the output. The others keep their order: the
+        draws of a pass are taken row by row, so moving rows would change the samples a
+        seed gives."""
+        for row in done.nonzero()[:, 0].tolist():
+            self._finish(row)
+        return (~done).nonzero().squeeze(1)
 
     def _score_prompt(self, verification: Verification) -> None:
         """fairseq2's prefill: the prompt tokens' probabilities under temperature only."""
@@ -365,14 +328,15 @@ class _SampleOp:
         probs = softmax(logits / self.rules.temperature, dim=-1, dtype=torch.float32)
         self.state.step_scores[:, 1:p] = probs.gather(2, self.prompts[:, 1:, None]).squeeze(-1)
 
-    def _accept(self, verification: Verification, tree: DraftTree) -> tuple[Tensor, Tensor]:
-        """Writes each row's kept draft tokens and its next token into the state.
-        Returns the number of kept draft tokens (S,) and the next token (S,)."""
+    def _accept(self, verification: Verification, tree: DraftTree) -> Acceptance:
+        """Writes each row's kept draft tokens and its next token into the state: a
+        chain's kept nodes, then the draw from the residual (or from p after them all)."""
         state, depth = self.state, tree.depth
-        rows = torch.arange(len(state.row_ids))
+        device = state.step_nr.device
+        rows = torch.arange(len(state.step_nr), device=device)
         tokens, valid = tree.tokens[:, :, 0], tree.valid[:, :, 0]  # (S, D)
         slots = torch.cat([verification.root_slots, verification.node_slots[:, :, 0]], 1)
-        positions = state.step_nr[:, None] + torch.arange(depth + 1)  # (S, D + 1)
+        positions = state.step_nr[:, None] + torch.arange(depth + 1, device=device)  # (S, D + 1)
         scored, p = self.rules(verification.logits_at(slots), positions)
         # (S, D, V); a draft head's first pass drafts nothing (D = 0)
         q = torch.stack(self.draw.q, 1) if depth else p.new_zeros((len(rows), 0, p.size(-1)))
@@ -381,20 +345,28 @@ class _SampleOp:
             p[:, :depth].gather(2, tokens[..., None])[..., 0],
             q.gather(2, tokens[..., None])[..., 0],
         )
-        u = torch.rand(qx.shape, generator=self.gen._generator)
+        u = torch.rand(qx.shape, generator=self.gen._generator, device=device)
         kept = (valid & (u * qx < px)).int().cumprod(1).sum(1)  # (S,) leading accepts
         p_next = p[rows, kept]
         q_next = torch.cat([q, q.new_zeros((len(rows), 1, q.size(-1)))], 1)[rows, kept]
         nxt = torch.multinomial(residual(p_next, q_next), 1, generator=self.gen._generator)[:, 0]
         new = torch.cat([tokens, tokens.new_zeros((len(rows), 1))], 1)
         new[rows, kept] = nxt
-        write = torch.arange(depth + 1) <= kept[:, None]  # (S, D + 1)
+        write = torch.arange(depth + 1, device=device) <= kept[:, None]  # (S, D + 1)
         state.seqs.scatter_(1, positions, torch.where(write, new, state.seqs.gather(1, positions)))
         new_scores = scored.gather(2, new[..., None])[..., 0]
         old_scores = state.step_scores.gather(1, positions)
         state.step_scores.scatter_(1, positions, torch.where(write, new_scores, old_scores))
         state.step_nr = state.step_nr + kept + 1
-        return kept, nxt
+        last = (kept - 1)[:, None]  # the last kept node's id (-1: none)
+        return Acceptance(
+            origin=torch.zeros_like(last),
+            node=last,
+            roots=nxt[:, None],
+            steps=kept + 1,
+            accepted=kept,
+            done=nxt == self.rules.vocab.eos_idx,
+        )
 
     def _finish(self, row: int) -> None:
         """fairseq2's `_finish_sequence` of the sampling generator."""
@@ -409,6 +381,4 @@ class _SampleOp:
             if gen.config.search.normalize_scores:
                 score /= (end - 1) ** gen.config.search.len_penalty
             step_scores = all_scores[start:].clone()
-        self.output[int(state.row_ids[row]) // gen._num_gens].append(
-            Hypothesis(seq, score, step_scores)
-        )
+        self.output[int(state.source_ids[row])].append(Hypothesis(seq, score, step_scores))

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from fairseq2.generation import SequenceGeneratorOutput
 from torch import Tensor
 
 
@@ -85,3 +86,10 @@ class SpecStats:
         out["tau"] = self.tau
         out["acceptance_rate"] = self.acceptance_rate
         return out
+
+
+@dataclass
+class SpeculativeGeneratorOutput(SequenceGeneratorOutput):
+    """fairseq2's output of a generation call, with the call's `SpecStats`."""
+
+    stats: SpecStats = field(default_factory=SpecStats)

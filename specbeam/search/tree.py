@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specbeam.search.tree_attention import SlotTable
+from specbeam.search.slots import SlotTable
 
 
 @dataclass
@@ -24,9 +24,9 @@ class DraftTree:
     scores: Tensor  # (S, D, w) cumulative scores the draft ranked them by
 
     @staticmethod
-    def empty(num_sources: int) -> DraftTree:
+    def empty(num_sources: int, device: torch.device) -> DraftTree:
         """No drafted nodes: a pass over it verifies the roots alone (plain search)."""
-        tokens = torch.zeros((num_sources, 0, 1), dtype=torch.int64)
+        tokens = torch.zeros((num_sources, 0, 1), dtype=torch.int64, device=device)
         return DraftTree(tokens, tokens, tokens.bool(), tokens.float())
 
     @property

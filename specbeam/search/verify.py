@@ -8,8 +8,9 @@ from typing import final
 import torch
 from torch import Tensor
 
+from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.tree_attention import TreeDecoder
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Verification:
 
     def logits_at(self, slots: Tensor) -> Tensor:
         """Logits (S, m, V) of slots (S, m)."""
-        return self.logits[torch.arange(slots.size(0))[:, None], slots]
+        return self.logits[torch.arange(slots.size(0), device=slots.device)[:, None], slots]
 
     def slot_of(self, origin: Tensor, node: Tensor) -> Tensor:
         """Slot of tree node `node` (an id; -1: the root of hypothesis `origin`)."""
@@ -42,8 +43,10 @@ class Verification:
         pending chain, then tree nodes down to `node`) in order, right-aligned, -1 before."""
         table = self.table
         slot = self.slot_of(origin, node)
-        visible = table.visible[torch.arange(slot.size(0))[:, None], slot, : table.size]
-        order = torch.where(visible, torch.arange(table.size), -1).sort(-1).values
+        rows = torch.arange(slot.size(0), device=slot.device)[:, None]
+        visible = table.visible[rows, slot, : table.size]
+        slots = torch.arange(table.size, device=slot.device)
+        order = torch.where(visible, slots, -1).sort(-1).values
         return order[..., -int(visible.sum(-1).max()) :]
 
 
@@ -57,7 +60,7 @@ class Verifier:
         num_sources, n, c = chains.shape
         table = SlotTable(num_sources, n * c + tree.depth * tree.width, chains.device)
         roots = table.add_chains(chains, chain_len, self.decoder.cache.lens)
-        chain_slots = roots[..., None] - torch.arange(c - 1, -1, -1)
+        chain_slots = roots[..., None] - torch.arange(c - 1, -1, -1, device=roots.device)
         node_slots = tree.add_to(table, roots)
         packing = self.decoder.packing(table.valid[:, : table.size])
         hidden = self.decoder.forward(*table.query(0, table.size), packing=packing)
@@ -74,5 +77,5 @@ class Verifier:
         if verification.node_slots.size(1) == 0 and verification.chain_slots.size(-1) == 1:
             self.decoder.cache.commit_roots(origin, slot)  # plain search: a root each
             return
-        rows = torch.arange(slot.size(0))[:, None]
+        rows = torch.arange(slot.size(0), device=slot.device)[:, None]
         self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])

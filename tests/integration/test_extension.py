@@ -59,12 +59,10 @@ from specbeam.integration.extension import (
 )
 from specbeam.integration.models import build_shallow_draft, save_head, save_model
 from specbeam.search.config import MachineSettings, SearchSettings
-from specbeam.search.generator import (
-    SpeculativeBeamSearchSeq2SeqGenerator,
-    SpeculativeGeneratorOutput,
-)
+from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
+from specbeam.search.stats import SpeculativeGeneratorOutput
 from tests.conftest import DRAFT_ARCH, PROMPT, TARGET_ARCH, VOCAB, sources
 
 SCORE_TOL = 1e-5  # as in test_generator.py: tree-masked fp32 log-probs differ by ≤ 1e-6

@@ -14,8 +14,8 @@ from specbeam.search import native
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.rules import ScoringRules
+from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
-from specbeam.search.tree_attention import SlotTable
 from specbeam.search.verify import Verification
 
 PAD, EOS, VOCAB, K = 0, 1, 8, 2
@@ -224,7 +224,7 @@ def test_a_plain_step_is_the_replays_first_step(seed: int, compiled) -> None:
     replay scoring the step itself (a step processor that changes nothing forces it)."""
     state, verification, max_seq_len = _roots_case(seed)
     finish = HypothesisFactory(EOS, 2, echo_prompt=False, normalize_scores=True, len_penalty=1.0)
-    tree = DraftTree.empty(len(state.step_nr))
+    tree = DraftTree.empty(len(state.step_nr), state.step_nr.device)
     results = []
     for processors, how in [((), "roots"), ((), "tree"), ((_NoOp(),), "tree")]:
         rules = ScoringRules(EOS, PAD, 3, [0.0, 1.5][seed % 2], 1.0, 4, max_seq_len, processors)

@@ -15,7 +15,8 @@ from specbeam.search.cache import (
     SpeculativeKVCache,
     surviving_rows,
 )
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.slots import SlotTable
+from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources
 
 CPU = torch.device("cpu")

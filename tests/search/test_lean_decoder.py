@@ -12,7 +12,8 @@ from fairseq2.models.transformer import TransformerNormOrder
 
 from specbeam.apps.data import pad
 from specbeam.search.lean_decoder import Packing, lean_problem
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.slots import SlotTable
+from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources
 from tests.search.test_tree_attention import TOL, random_tree
 

@@ -4,6 +4,7 @@ and draft heads; where it cannot be built, decoding goes on in Python and says w
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -14,7 +15,8 @@ from specbeam.apps.data import pad
 from specbeam.search import native, onednn
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.lean_decoder import Packing
-from specbeam.search.tree_attention import SlotTable, TreeDecoder, tree_bias
+from specbeam.search.slots import SlotTable
+from specbeam.search.tree_attention import TreeDecoder, tree_bias
 from tests.conftest import NLLB_PROMPT, sources
 from tests.search.test_tree_attention import random_tree
 
@@ -96,6 +98,35 @@ def test_a_kept_resolution_follows_the_packing_of_recurring_rows(
             kinds.append(set(resolved.ints[:6]))
         assert layers._resolve(rows, torch.float32) is resolved  # kept from then on
     assert kinds[0] == {onednn.TORCH} and kinds[-1] == {onednn.MKL}
+
+
+def test_calls_off_the_cpu_run_the_portable_path(tiny_target, monkeypatch) -> None:
+    """The extension, oneDNN's and MKL's kernels are CPU-only: a decoder whose tensors
+    live elsewhere (here on the meta device, which computes shapes only) calls none of
+    them, and runs the torch path."""
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a CPU-only kernel was chosen for tensors off the CPU")
+
+    class Refusing:
+        def __getattr__(self, _name: str):
+            return refuse
+
+    monkeypatch.setattr(native, "build", Refusing)
+    monkeypatch.setattr(onednn, "_runs", refuse)
+    monkeypatch.setattr(onednn, "_mkl_few_rows", refuse)
+    meta = torch.device("meta")
+    model = copy.deepcopy(tiny_target).to(meta)
+    src, layout = pad(sources(seed=3, batch=2), 0)
+    with torch.inference_mode():
+        dec = TreeDecoder(model, src.to(meta), layout, hyps_per_source=2, capacity=16, lean=True)
+        assert dec.lean is not None and dec.lean.native is not None
+        table = SlotTable(2, 4, meta)
+        tokens = torch.full((2, 2, 2), 3, device=meta)
+        table.add_chains(tokens, torch.full((2,), 2, device=meta), dec.cache.lens)
+        logits = dec.logits(dec.forward(*table.query(0, table.size)))
+    assert logits.shape == (2, 4, 48) and logits.device == meta
+    assert native.module_for(logits) is None
 
 
 @pytest.mark.parametrize("draft", ["random_head", "fused_head", "tiny_draft"])

@@ -8,7 +8,8 @@ from fairseq2.nn import BatchLayout
 from torch.nn.functional import log_softmax
 
 from specbeam.apps.data import pad
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.slots import SlotTable
+from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources
 
 TOL = 1e-5  # fp32: block-vs-step differences measured ≤ 5e-6
@@ -101,19 +102,3 @@ def test_round_one_matches_full_passes(tiny_target) -> None:
         for a, path in enumerate(rows):
             want = full_pass_lprobs(tiny_target, srcs[s], path)
             assert torch.allclose(log_softmax(logits[s, a], -1), want, atol=TOL)
-
-
-def test_roots_alone_make_the_table_a_one_link_chain_would() -> None:
-    """The shortcut for chains of one link (every pass after the first) builds what the
-    general chains do: the same slots as a chain of two links whose first is padding."""
-    tokens = torch.tensor([[[4], [5], [6]], [[7], [8], [9]]])
-    lengths, starts = torch.tensor([1, 1]), torch.tensor([3, 9])
-    short = SlotTable(2, 3, torch.device("cpu"))
-    roots = short.add_chains(tokens, lengths, starts)
-    padded = SlotTable(2, 6, torch.device("cpu"))
-    padded_roots = padded.add_chains(torch.cat([torch.zeros_like(tokens), tokens], 2), lengths, starts)  # fmt: skip
-    assert roots.tolist() == [[0, 1, 2]] * 2 and padded_roots.tolist() == [[1, 3, 5]] * 2
-    at = padded_roots[0]
-    for name in ["tokens", "positions", "hyp", "valid"]:
-        assert torch.equal(getattr(short, name), getattr(padded, name)[:, at]), name
-    assert torch.equal(short.visible, padded.visible[:, at][:, :, at])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
-from specbeam.search.tree_attention import SlotTable
 from specbeam.search.verify import Verification
 
 

@@ -8,7 +8,8 @@ import torch
 from specbeam.apps.data import TokenizedPair, pad
 from specbeam.integration.models import save_head
 from specbeam.search.head import DraftHead, HeadArch
-from specbeam.search.tree_attention import SlotTable, TreeDecoder
+from specbeam.search.slots import SlotTable
+from specbeam.search.tree_attention import TreeDecoder
 from specbeam.training.head_data import HeadData, compute_head_data
 from specbeam.training.train_head import head_loss, init_head, unrolled_states
 from tests.conftest import synthetic_pair, train_head_briefly
