@@ -10,16 +10,19 @@ torch's autocast and inference mode are read. Outside any call the defaults appl
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import final
+from typing import Any, Concatenate, ParamSpec, TypeVar, final
 
 import torch
 from torch import Tensor
 
 from specbeam.search.memory import MB
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(kw_only=True)
@@ -119,6 +122,18 @@ class Runtime:
             yield
         finally:
             _current.reset(token)
+
+
+def in_own_runtime(call: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """Decorates a generator's `__call__`: the generator's own runtime (`_runtime`) is
+    current while it runs."""
+
+    @functools.wraps(call)
+    def wrapped(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._runtime.active():
+            return call(self, *args, **kwargs)
+
+    return wrapped
 
 
 # One shared default on purpose: decoder calls outside any generator (timings, training)

@@ -39,7 +39,7 @@ from specbeam.search.head import DraftHead
 from specbeam.search.loop import SpeculativeLoop
 from specbeam.search.memory import cache_capacity, checked_increment, head_chain_len
 from specbeam.search.rules import ScoringRules, length_limits
-from specbeam.search.runtime import Runtime
+from specbeam.search.runtime import Runtime, in_own_runtime
 from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
@@ -210,17 +210,8 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
 
     @torch.inference_mode()
     @override
+    @in_own_runtime
     def __call__(
-        self,
-        source_seqs: Tensor,
-        source_seqs_layout: BatchLayout,
-        prompt_seqs: Tensor,
-        prompt_seqs_layout: BatchLayout,
-    ) -> SpeculativeGeneratorOutput:
-        with self._runtime.active():
-            return self._generate(source_seqs, source_seqs_layout, prompt_seqs, prompt_seqs_layout)
-
-    def _generate(
         self,
         source_seqs: Tensor,
         source_seqs_layout: BatchLayout,
