@@ -132,7 +132,7 @@ class SpeculativeSamplingConfig(SamplingConfig):
     draft_model: str
     """The asset card name of the draft model; it must share the target's vocabulary."""
 
-    gamma: int = 4
+    gamma: int = SpeculationSettings.gamma
     """Tokens the draft samples per target pass."""
 
     hardware: str | None = "cpu"

@@ -45,6 +45,9 @@ from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
 from specbeam.search.verify import Verification, Verifier
 
+SAMPLING_TEMPERATURE = 0.6
+"""fairseq2's `SamplingSeq2SeqGenerator` default (its beam search's is 1)."""
+
 Filter = Callable[[Tensor], Tensor]
 """probs (..., V) -> the distribution a fairseq2 sampler draws from, (..., V)."""
 
@@ -168,13 +171,16 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
     ) -> None:
         """`config` and `settings` as in `SpeculativeBeamSearchSeq2SeqGenerator`; of the
         search settings, sampling reads fairseq2's (but `beam_size`), `gamma` and the lean
-        decoders'."""
+        decoders'. Without a config, the temperature defaults to fairseq2's sampling
+        default, as a drop-in for its `SamplingSeq2SeqGenerator`."""
         if target_vocab_info.eos_idx is None:
             raise ValueError("`target_vocab_info` must have `eos_idx` set for sequence generation.")
         if step_processors:
             raise NotSupportedError("step processors are not supported by speculative sampling yet")
         if num_gens < 1:
             raise ValueError(f"`num_gens` must be ≥ 1, but is {num_gens}.")
+        if config is None:
+            settings.setdefault("temperature", SAMPLING_TEMPERATURE)
         self.config = config = SpeculativeSearchConfig.of(config, **settings)
         config.validate()
         s = config.search

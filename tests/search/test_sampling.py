@@ -9,6 +9,8 @@ resamples from p instead of the residual after a rejection fails these by a wide
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from fairseq2.generation.sampling import SamplingSeq2SeqGenerator, TopKSampler, TopPSampler
@@ -161,3 +163,10 @@ def test_scores_follow_fairseq2(tiny_target, tiny_draft, vocab_info) -> None:
         probs = torch.softmax(logits, -1).gather(1, full[1:, None])[:, 0]
         assert torch.allclose(hyp.step_scores, probs, atol=1e-5)
         assert torch.isclose(hyp.score, probs.log().sum() / len(probs), atol=1e-5)
+
+
+def test_keyword_defaults_are_fairseq2_samplings(tiny_target, tiny_draft, vocab_info) -> None:
+    """A drop-in for SamplingSeq2SeqGenerator: its temperature default, not beam search's."""
+    fairseq2 = inspect.signature(SamplingSeq2SeqGenerator).parameters["temperature"].default
+    ours = SpeculativeSamplingSeq2SeqGenerator(tiny_target, tiny_draft, vocab_info, TopKSampler(4))
+    assert ours.config.search.temperature == fairseq2
