@@ -195,7 +195,7 @@ class BeamAcceptor:
             state.source_ids,
         )  # fmt: skip
         flat_slots = slots + torch.arange(num_sources, device=HOST)[:, None] * num_slots  # (S, R)
-        keys = _node_keys(tokens, parents, valid, n, vocab)  # (S, R)
+        keys = _node_keys(tokens, parents, valid, n, vocab)[:, None, :]  # (S, 1, R)
         replay = _Replay(state, step_nr)
         row = torch.arange(n, device=HOST).expand(num_sources, n)  # (S, h) -1: off the tree
         last = row  # the deepest verified row on each hypothesis' path
@@ -236,7 +236,7 @@ class BeamAcceptor:
             # A node's key is its parent's row and its token; an off-tree parent has none.
             key = row.gather(1, parent) * vocab + token
             # child: the first matching row (any row where none matches)
-            in_tree, child = (key[..., None] == keys[:, None, :]).max(-1)  # (S, k, R) -> (S, k)
+            in_tree, child = (key[..., None] == keys).max(-1)  # (S, k, R) -> (S, k)
             if self.relax is not None and j < tree.depth and width >= k:
                 level = row if j == 0 else row - n - (j - 1) * width  # ids in level j's parents
                 on_device = to_device(device, scores, level)
