@@ -97,6 +97,8 @@ def test_stdin_to_stdout_and_clear_errors(tmp_path) -> None:
     assert (
         f"error: cannot write output {tmp_path}/a_file/out.en: Not a directory" in unwritable.stderr
     )
+    bad_format = run(tmp_path, "output_format=xml")
+    assert bad_format.stderr.strip() == "error: output_format=xml is invalid: allowed: text, jsonl"
     unknown = run(tmp_path, "decoding.nonsense=1")
     assert unknown.returncode != 0 and "Key 'nonsense' not in 'DecodingConfig'" in unknown.stderr
 
@@ -309,6 +311,64 @@ def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines,
                 tokens = torch.cat([tokens[: limit - 1], tokens[-1:]])
             own.append(spec.seen[tuple(tokens.tolist())])
         assert _joins_from(text, own)
+
+
+def test_jsonl_gives_each_line_its_nbest_scores_and_stats(fuzz_pipeline) -> None:
+    """One object per input line, `text` as text output writes it; an unsplit line has its
+    n best whole-line hypotheses, best first; a split line its joined 1-best (no score)
+    and each piece's n-best list; a blank line none. Speculative = plain search."""
+    tokenizer, generators = fuzz_pipeline
+    lines = ["Y vió Dios que la luz era buena.", "", " ".join([LINES[2]] * 3)]
+    text_cfg = TranslateConfig(
+        hardware=HardwareConfig(batch_tokens=1, threads=1), split_above_tokens=12
+    )
+    jsonl_cfg = replace(text_cfg, output_format="jsonl", nbest=3)
+    splitter = Splitter(tokenizer, text_cfg.task.src_lang, text_cfg.split_above_tokens)
+    texts, _ = translate_chunk(text_cfg, tokenizer, generators["beam"], splitter, lines, 0, 10)
+    objects = {}
+    for name, generator in generators.items():
+        out, records = translate_chunk(jsonl_cfg, tokenizer, generator, splitter, lines, 0, 10)
+        objects[name] = [json.loads(line) for line in out]
+        assert [o["stats"] for o in objects[name]] == [
+            {k: v for k, v in r.items() if k != "line"} for r in records
+        ]
+    beam, spec = objects["beam"], objects["spec_beam"]
+    assert [o["line"] for o in beam] == [11, 12, 13] and [o["text"] for o in beam] == texts
+    assert beam[1] == {"line": 12, "text": "", "nbest": [], "stats": {"blank": True}}
+    scores = [h["score"] for h in beam[0]["nbest"]]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    assert beam[0]["nbest"][0]["text"] == texts[0] and "pieces" not in beam[0]
+    assert beam[0]["stats"]["plain"] and "target_passes" in spec[0]["stats"]
+    split = beam[2]
+    assert split["nbest"] == [{"text": texts[2], "score": None}]
+    assert len(split["pieces"]) == split["stats"]["pieces"] > 1
+    assert join([p["nbest"][0]["text"] for p in split["pieces"]]) == texts[2]
+    assert all(len(p["nbest"]) == 3 for p in split["pieces"])
+    for b, s in zip(beam, spec, strict=True):  # exact: the same n-best lists
+        assert [t for t, _ in _hypotheses(b)] == [t for t, _ in _hypotheses(s)]
+        scores = [[x for _, x in _hypotheses(o) if x is not None] for o in (b, s)]
+        assert scores[0] == pytest.approx(scores[1], abs=1e-4)
+
+
+def _hypotheses(obj: dict) -> list[tuple[str, float | None]]:
+    """A jsonl object's hypotheses, the line's then its pieces'."""
+    return [(h["text"], h["score"]) for x in (obj, *obj.get("pieces", [])) for h in x["nbest"]]
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"output_format": "xml"}, "output_format=xml is invalid: allowed: text, jsonl"),
+        ({"output_format": "jsonl", "nbest": 6}, "nbest=6 is invalid: must be 1 to decoding.beam_size=5"),
+        ({"output_format": "jsonl", "nbest": 0}, "nbest=0 is invalid: must be 1 to decoding.beam_size=5"),
+        ({"nbest": 2}, "nbest=2 needs output_format=jsonl: text has one translation per line"),
+        ({"output_format": "jsonl", "nbest": 2, "decoding": DecodingConfig(name="sample", search="sample")},
+         "nbest=2 is invalid: decoding=sample samples one translation per line (nbest=1)"),
+    ],
+)  # fmt: skip
+def test_bad_output_settings_are_one_line_errors(settings: dict, expected: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        TranslateConfig(**settings).check()
 
 
 def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file) -> None:
