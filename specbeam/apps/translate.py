@@ -5,6 +5,9 @@ echo "En el principio crió Dios los cielos y la tierra." | python -m specbeam.t
 python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam search
 python -m specbeam.translate compare=beam ...        # and print the speedup over it
 python -m specbeam.translate output_format=jsonl nbest=3 ...   # n-best lists, scores, stats
+
+Standard input is streamed (`textio.stream_lines`): lines are translated as they arrive
+and each batch's output is flushed, so the app works as a filter in a pipe.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import hydra
@@ -22,12 +26,18 @@ from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.apps.app import PipelineConfig, before_hydra, run_app, shard_range
+from specbeam.apps.app import (
+    PipelineConfig,
+    before_hydra,
+    parse_shard,
+    run_app,
+    shard_range,
+)
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import Translation, translate_nbest
 from specbeam.apps.split import Split, Splitter, flatten, join
-from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines
+from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines, stream_lines
 from specbeam.paths import REPO_ROOT
 from specbeam.search.generator import SpeculativeGeneratorOutput
 
@@ -37,6 +47,7 @@ log = logging.getLogger("specbeam.translate")
 @dataclass(kw_only=True)
 class TranslateConfig(PipelineConfig):
     input: str = "-"
+    """A file, or - : standard input, translated as its lines arrive."""
     output: str = "-"
     output_format: str = "text"
     """text: each line's translation; jsonl: one JSON object per input line with its
@@ -47,9 +58,10 @@ class TranslateConfig(PipelineConfig):
     stats_file: str | None = None
     """Optional JSONL with one record of statistics per input line."""
     chunk_lines: int = 256
-    """Lines translated, then written and flushed, at a time (the resume granularity)."""
+    """Lines translated, then written and flushed, at a time (the resume granularity);
+    from stdin, at most this many of the lines that have arrived."""
     shard: str = "0/1"
-    """i/n: translate only the i-th of n contiguous blocks of the input
+    """i/n: translate only the i-th of n contiguous blocks of the input file
     (scripts/merge_shards.py joins the outputs)."""
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
@@ -82,6 +94,13 @@ class TranslateConfig(PipelineConfig):
             raise ValueError(
                 f"nbest={self.nbest} needs output_format=jsonl: text has one translation per line"
             )
+        if self.chunk_lines < 1:
+            raise ValueError(f"chunk_lines={self.chunk_lines} is invalid: must be ≥ 1")
+        if parse_shard(self.shard) != (0, 1) and self.input == "-":
+            raise ValueError(
+                f"shard={self.shard} needs input=FILE: stdin is streamed, and every shard must "
+                "read the same lines"
+            )
 
 
 ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
@@ -92,37 +111,48 @@ _SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperat
 
 def translate(cfg: TranslateConfig) -> None:
     cfg.check()
+    first, total = 0, None  # stdin: lines numbered from 1, total unknown
+    if cfg.input != "-":
+        every_line = read_lines(cfg.input, cfg.input_errors)
+        first, end = shard_range(cfg.shard, len(every_line))
+        total = end - first
     tokenizer, generator = cfg.build()
     splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
-    every_line = read_lines(cfg.input, cfg.input_errors)
-    first, end = shard_range(cfg.shard, len(every_line))
-    lines = every_line[first:end]
+    output = cfg.output
     settings = (cfg.task, cfg.model, cfg.decoding, cfg.shard, cfg.output_format, cfg.nbest)
     job = job_fingerprint(cfg.input, settings)
-    out = ResumableOutput(cfg.output, job)
+    out = ResumableOutput(output, job)
     stats = ResumableOutput(cfg.stats_file, job) if cfg.stats_file else None
     if stats is not None:
         stats.truncate_to(out.done)
     if out.done:
-        print(f"resuming {cfg.output} after line {out.done}", file=sys.stderr)
-    bar = tqdm(
-        total=len(lines), initial=out.done, unit="line", file=sys.stderr, disable=cfg.output == "-"
-    )
+        print(f"resuming {output} after line {out.done}", file=sys.stderr)
+    if total is None:
+        lines_in = stream_lines(sys.stdin.fileno(), cfg.input_errors, cfg.chunk_lines)
+        chunks: Iterable[list[str]] = _skip(lines_in, out.done)
+    else:
+        lines = every_line[first + out.done : first + total]
+        chunks = (lines[b : b + cfg.chunk_lines] for b in range(0, len(lines), cfg.chunk_lines))
+    bar = tqdm(total=total, initial=out.done, unit="line", file=sys.stderr, disable=output == "-")
     split_lines: list[dict] = []
+    translated: list[str] = []  # for compare=
     try:
-        for begin in range(out.done, len(lines), cfg.chunk_lines):
+        for chunk in chunks:
             texts, records = translate_chunk(
-                cfg, tokenizer, generator, splitter, lines, begin, first
+                cfg, tokenizer, generator, splitter, chunk, 0, first + out.done
             )
             split_lines += [r for r in records if "pieces" in r]
+            if cfg.compare:
+                translated += chunk
             if stats is not None:
                 stats.write([json.dumps(r) for r in records])
             out.write(texts)
             bar.update(len(texts))
     except KeyboardInterrupt:
-        where = "stdout" if cfg.output == "-" else f"{out.partial}"
+        where = "stdout" if output == "-" else f"{out.partial}"
+        of = "" if total is None else f" of {total}"
         raise SystemExit(
-            f"interrupted: {out.done} of {len(lines)} lines are in {where}; "
+            f"interrupted: {out.done}{of} lines are in {where}; "
             "run the same command again to continue"
         ) from None
     finally:
@@ -136,8 +166,16 @@ def translate(cfg: TranslateConfig) -> None:
     if split_lines:
         warn_split(split_lines, cfg.split_above_tokens)
     if cfg.compare:
-        pieces = [p for t in lines if t.strip() for p in splitter(t).pieces]
+        pieces = [p for t in translated if t.strip() for p in splitter(t).pieces]
         print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)
+
+
+def _skip(chunks: Iterable[list[str]], count: int) -> Iterator[list[str]]:
+    """The lines after the first `count` (those a resumed output has already)."""
+    for chunk in chunks:
+        chunk, count = chunk[count:], max(0, count - len(chunk))
+        if chunk:
+            yield chunk
 
 
 def warn_split(records: list[dict], limit: int, named: int = 20) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -101,6 +103,35 @@ def test_stdin_to_stdout_and_clear_errors(tmp_path) -> None:
     assert bad_format.stderr.strip() == "error: output_format=xml is invalid: allowed: text, jsonl"
     unknown = run(tmp_path, "decoding.nonsense=1")
     assert unknown.returncode != 0 and "Key 'nonsense' not in 'DecodingConfig'" in unknown.stderr
+
+
+def test_stdin_is_translated_as_lines_arrive(tmp_path, source_file) -> None:
+    """A filter in a pipe: a line's translation comes out while stdin is still open;
+    then one output line per input line, in order, blank lines kept, as from a file."""
+    alone = "hardware.batch_tokens=1"  # batches of one: the same length caps as the file's
+    reference = tmp_path / "reference.en"
+    assert run(tmp_path, f"input={source_file}", f"output={reference}", alone).returncode == 0
+    cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
+           "decoding.max_gen_len=[0.5,4]", alone, f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, encoding="utf-8",
+    )  # fmt: skip
+    out: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [out.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        proc.stdin.write(LINES[0] + "\n")
+        proc.stdin.flush()
+        first = out.get(timeout=240)  # stdin still open
+        assert proc.poll() is None
+        proc.stdin.write("\n".join(LINES[1:]) + "\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=240) == 0
+    finally:
+        proc.kill()
+    rest = [out.get(timeout=10) for _ in LINES[1:]]
+    assert out.empty()
+    assert [first, *rest] == reference.read_text(encoding="utf-8").splitlines(keepends=True)
 
 
 def _start(tmp_path: Path, source: Path, output: Path, *overrides: str) -> subprocess.Popen:
@@ -364,6 +395,10 @@ def _hypotheses(obj: dict) -> list[tuple[str, float | None]]:
         ({"nbest": 2}, "nbest=2 needs output_format=jsonl: text has one translation per line"),
         ({"output_format": "jsonl", "nbest": 2, "decoding": DecodingConfig(name="sample", search="sample")},
          "nbest=2 is invalid: decoding=sample samples one translation per line (nbest=1)"),
+        ({"chunk_lines": 0}, "chunk_lines=0 is invalid: must be ≥ 1"),
+        ({"shard": "2/2", "input": "src.es"}, "shard=2/2 is invalid: need 0 ≤ i < n"),
+        ({"shard": "0of2", "input": "src.es"}, "shard=0of2 is invalid: expected i/n, e.g. 0/4"),
+        ({"shard": "0/2"}, "shard=0/2 needs input=FILE: stdin is streamed"),
     ],
 )  # fmt: skip
 def test_bad_output_settings_are_one_line_errors(settings: dict, expected: str) -> None:
