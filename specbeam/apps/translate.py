@@ -5,6 +5,8 @@ echo "En el principio crió Dios los cielos y la tierra." | python -m specbeam.t
 python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam search
 python -m specbeam.translate compare=beam ...        # and print the speedup over it
 python -m specbeam.translate output_format=jsonl nbest=3 ...   # n-best lists, scores, stats
+python -m specbeam.translate -m hydra/launcher=joblib shard=0/2,1/2 input=src.es output=out.en
+python scripts/merge_shards.py --input src.es --output out.en   # joins out.en.shard-*-of-2
 
 Standard input is streamed (`textio.stream_lines`): lines are translated as they arrive
 and each batch's output is flushed, so the app works as a filter in a pipe.
@@ -31,6 +33,7 @@ from specbeam.apps.app import (
     before_hydra,
     parse_shard,
     run_app,
+    shard_path,
     shard_range,
 )
 from specbeam.apps.compare import MethodRun, run_side_by_side
@@ -61,8 +64,9 @@ class TranslateConfig(PipelineConfig):
     """Lines translated, then written and flushed, at a time (the resume granularity);
     from stdin, at most this many of the lines that have arrived."""
     shard: str = "0/1"
-    """i/n: translate only the i-th of n contiguous blocks of the input file
-    (scripts/merge_shards.py joins the outputs)."""
+    """i/n: translate only the i-th of n contiguous blocks of the input file, into
+    `<output>.shard-i-of-n` (and `<stats_file>.shard-i-of-n`), so that one command swept
+    over shards writes distinct files; scripts/merge_shards.py joins them."""
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
     compare: str | None = None
@@ -118,11 +122,11 @@ def translate(cfg: TranslateConfig) -> None:
         total = end - first
     tokenizer, generator = cfg.build()
     splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
-    output = cfg.output
+    output = shard_path(cfg.output, cfg.shard)
     settings = (cfg.task, cfg.model, cfg.decoding, cfg.shard, cfg.output_format, cfg.nbest)
     job = job_fingerprint(cfg.input, settings)
     out = ResumableOutput(output, job)
-    stats = ResumableOutput(cfg.stats_file, job) if cfg.stats_file else None
+    stats = ResumableOutput(shard_path(cfg.stats_file, cfg.shard), job) if cfg.stats_file else None
     if stats is not None:
         stats.truncate_to(out.done)
     if out.done:

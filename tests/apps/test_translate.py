@@ -200,33 +200,32 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
     assert not partial.exists()
 
 
-def test_shards_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
+def test_shards_swept_with_joblib_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
+    """README's corpus command: one command line swept over shards writes a file per
+    shard (`out.en.shard-i-of-n`, its stats likewise); merge_shards.py finds and joins them."""
     # One sentence per batch: fairseq2's length cap (a × longest source in the batch + b)
     # makes capped outputs depend on batch company, and untrained models always hit it.
     alone = "hardware.batch_tokens=1"
     whole = tmp_path / "whole.en"
     assert run(tmp_path, f"input={source_file}", f"output={whole}", alone).returncode == 0
-    shards = [tmp_path / f"part{i}.en" for i in range(3)]
-    for i, shard in enumerate(shards):
-        result = run(tmp_path, f"input={source_file}", f"output={shard}", f"shard={i}/3", alone)
-        assert result.returncode == 0, result.stderr
-    merged = tmp_path / "merged.en"
-    cmd = [
-        sys.executable,
-        "scripts/merge_shards.py",
-        "--input",
-        str(source_file),
-        "--output",
-        str(merged),
-        *map(str, shards),
-    ]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-m", "specbeam.translate", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+           "model=tiny_random", "hardware.threads=1", "decoding.max_gen_len=[0.5,4]", alone, "shard=0/3,1/3,2/3",
+           f"input={source_file}", f"output={tmp_path}/out.en", f"stats_file={tmp_path}/stats.jsonl",
+           f"hydra.sweep.dir={tmp_path}/sweep"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert merged.read_bytes() == whole.read_bytes()
-
-    shards[1].write_text("one line too few\n")
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "shard 1/3" in result.stderr and "expected 2" in result.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.shard-*")) == [
+        *(f"out.en.shard-{i}-of-3" for i in range(3)),
+        *(f"stats.jsonl.shard-{i}-of-3" for i in range(3)),
+    ]
+    for name in ("out.en", "stats.jsonl"):
+        merge = [sys.executable, "scripts/merge_shards.py", "--input", str(source_file),
+                 "--output", str(tmp_path / name)]  # fmt: skip
+        result = subprocess.run(merge, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.en").read_bytes() == whole.read_bytes()
+    records = [json.loads(line) for line in (tmp_path / "stats.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 4, 5]
 
 
 def test_local_multirun_with_joblib_launcher(tmp_path, source_file) -> None:
