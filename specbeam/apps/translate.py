@@ -115,11 +115,12 @@ _SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperat
 
 def translate(cfg: TranslateConfig) -> None:
     cfg.check()
-    first, total = 0, None  # stdin: lines numbered from 1, total unknown
+    lines: list[str] | None = None  # stdin: streamed, its length unknown
+    first = 0  # lines before this shard's
     if cfg.input != "-":
         every_line = read_lines(cfg.input, cfg.input_errors)
         first, end = shard_range(cfg.shard, len(every_line))
-        total = end - first
+        lines = every_line[first:end]
     tokenizer, generator = cfg.build()
     splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
     output = shard_path(cfg.output, cfg.shard)
@@ -131,12 +132,15 @@ def translate(cfg: TranslateConfig) -> None:
         stats.truncate_to(out.done)
     if out.done:
         print(f"resuming {output} after line {out.done}", file=sys.stderr)
-    if total is None:
-        lines_in = stream_lines(sys.stdin.fileno(), cfg.input_errors, cfg.chunk_lines)
-        chunks: Iterable[list[str]] = _skip(lines_in, out.done)
+    chunks: Iterable[list[str]]
+    if lines is None:
+        arriving = stream_lines(sys.stdin.fileno(), cfg.input_errors, cfg.chunk_lines)
+        chunks = _skip(arriving, out.done)
     else:
-        lines = every_line[first + out.done : first + total]
-        chunks = (lines[b : b + cfg.chunk_lines] for b in range(0, len(lines), cfg.chunk_lines))
+        chunks = (
+            lines[b : b + cfg.chunk_lines] for b in range(out.done, len(lines), cfg.chunk_lines)
+        )
+    total = None if lines is None else len(lines)
     bar = tqdm(total=total, initial=out.done, unit="line", file=sys.stderr, disable=output == "-")
     split_lines: list[dict] = []
     translated: list[str] = []  # for compare=

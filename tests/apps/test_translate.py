@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
@@ -134,16 +135,19 @@ def test_stdin_is_translated_as_lines_arrive(tmp_path, source_file) -> None:
     assert [first, *rest] == reference.read_text(encoding="utf-8").splitlines(keepends=True)
 
 
-def _start(tmp_path: Path, source: Path, output: Path, *overrides: str) -> subprocess.Popen:
+def _start(tmp_path: Path, source: Path, output: Path, from_stdin: bool) -> subprocess.Popen:
+    """translate of `source` (or of stdin reading it) into `output`, 10 lines at a time."""
+    given = "input=-" if from_stdin else f"input={source}"
     cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
-           "decoding.max_gen_len=[0.5,4]", "chunk_lines=10", f"input={source}", f"output={output}",
-           f"hydra.run.dir={tmp_path}/hydra", *overrides]  # fmt: skip
+           "decoding.max_gen_len=[0.5,4]", "chunk_lines=10", given, f"output={output}",
+           f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
     # As a job in a terminal: a test run launched in the background inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler.
-    return subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    with open(source if from_stdin else os.devnull, "rb") as stdin:
+        return subprocess.Popen(
+            cmd, cwd=REPO, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
 
 
 def _wait_for_lines(partial: Path, count: int, proc: subprocess.Popen) -> None:
@@ -170,8 +174,11 @@ def test_batches_above_max_speculative_batch_are_marked_plain(tmp_path, source_f
     assert [r.get("plain", False) for r in records] == [True, False, True, False, True]
 
 
-@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
-def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
+@pytest.mark.parametrize(
+    ("signal_name", "from_stdin"), [("SIGKILL", False), ("SIGINT", False), ("SIGKILL", True)]
+)
+def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdin) -> None:
+    """From stdin too: the rerun, given the same input, skips the lines the output has."""
     dev = [
         line.split("\t")[1]
         for line in (REPO / "tasks/bible_es_en/data/dev.tsv").read_text().splitlines()
@@ -183,7 +190,7 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
 
     output = tmp_path / "resumed.en"
     partial = tmp_path / "resumed.en.partial"
-    proc = _start(tmp_path, source, output)
+    proc = _start(tmp_path, source, output, from_stdin)
     _wait_for_lines(partial, 20, proc)
     proc.send_signal(getattr(signal, signal_name))
     _, stderr = proc.communicate(timeout=120)
@@ -193,9 +200,10 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
     done = partial.read_text(encoding="utf-8").count("\n")
     assert 20 <= done < 60
 
-    resumed = run(tmp_path, f"input={source}", f"output={output}", "chunk_lines=10")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming {output} after line {done}" in resumed.stderr
+    resumed = _start(tmp_path, source, output, from_stdin)
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert f"resuming {output} after line {done}" in stderr
     assert output.read_bytes() == reference.read_bytes()
     assert not partial.exists()
 
