@@ -1,20 +1,44 @@
 """Joins the outputs of `python -m specbeam.translate shard=i/n` back into one file.
 
-    python scripts/merge_shards.py --input src.es --output out.en out.0 out.1 out.2
+    python scripts/merge_shards.py --input src.es --output out.en [SHARD ...]
 
-Shards are contiguous blocks of the input, so the join is a concatenation in shard
-order; it is refused unless every shard has exactly the lines it owns.
+Without SHARD files it joins out.en.shard-0-of-n … out.en.shard-(n-1)-of-n, the files
+translate writes for `output=out.en shard=i/n`; the same works for a stats_file, and for
+output_format=jsonl (one line per input line each). Shards are contiguous blocks of the
+input, so the join is a concatenation in shard order; it is refused unless every shard
+has exactly the lines it owns. The shard files are kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
-from specbeam.apps.app import shard_range
+from specbeam.apps.app import shard_path, shard_range
 from specbeam.apps.textio import read_lines
+
+
+def find_shards(output: Path) -> list[Path]:
+    """The shard files translate wrote for `output`, in shard order."""
+    pattern = re.compile(re.escape(output.name) + r"\.shard-(\d+)-of-(\d+)")
+    found = [
+        m for p in output.parent.glob(f"{output.name}.shard-*") if (m := pattern.fullmatch(p.name))
+    ]
+    counts = sorted({int(m[2]) for m in found})
+    if not counts:
+        raise ValueError(
+            f"no shard files {output}.shard-i-of-n (are they still running? look for .partial)"
+        )
+    if len(counts) > 1:
+        raise ValueError(
+            f"{output} has shards of several splits (of {', '.join(map(str, counts))}): "
+            "name the shard files to join"
+        )
+    n = counts[0]
+    return [Path(shard_path(str(output), f"{i}/{n}")) for i in range(n)]
 
 
 def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
@@ -43,10 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="the input all shards were cut from")
     parser.add_argument("--output", type=Path, required=True)
-    parser.add_argument("shards", type=Path, nargs="+", help="shard outputs, in order 0, 1, …")
+    parser.add_argument(
+        "shards", type=Path, nargs="*", help="shard files, in order 0, 1, … (default: found)"
+    )
     args = parser.parse_args(argv)
     try:
-        merge(args.input, args.shards, args.output)
+        merge(args.input, args.shards or find_shards(args.output), args.output)
     except ValueError as error:
         sys.exit(f"error: {error}")
 

@@ -82,6 +82,14 @@ def shard_range(shard: str, total: int) -> tuple[int, int]:
     return total * i // n, total * (i + 1) // n
 
 
+def shard_path(path: str, shard: str) -> str:
+    """Where shard i of n (n > 1) writes `path`: `path.shard-i-of-n`, so that one command
+    line swept over shards (`shard=0/2,1/2`) writes distinct, valid file names, which
+    scripts/merge_shards.py finds; stdout (-) stays stdout."""
+    i, n = parse_shard(shard)
+    return path if path == "-" or n == 1 else f"{path}.shard-{i}-of-{n}"
+
+
 def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
     """Runs an app on its structured config; a bad setting or a missing file ends the
     process with one line naming the problem, not a traceback."""

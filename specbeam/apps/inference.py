@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from fairseq2.data.tokenizers import Tokenizer
@@ -35,6 +36,14 @@ def encode_sources(
     return [encode(encodable(s)) for s in sources]
 
 
+@dataclass(frozen=True)
+class Translation:
+    text: str
+    score: float | None
+    """The generator's score (fairseq2's beam search: the log-probability normalised by
+    length^len_penalty); None where the generator gives none."""
+
+
 def translate_texts(
     generator: Seq2SeqGenerator,
     tokenizer: Tokenizer,
@@ -46,7 +55,28 @@ def translate_texts(
     on_batch: Callable[[list[int], SequenceGeneratorOutput], None] | None = None,
     on_truncate: Callable[[list[int]], None] | None = None,
 ) -> list[str]:
-    """Translates in length-sorted batches and returns the outputs in input order.
+    """Each source's best translation, in input order (`translate_nbest` with n = 1)."""
+    nbest = translate_nbest(
+        generator, tokenizer, sources, src_lang, tgt_lang, nbest=1, max_tokens=max_tokens,
+        on_batch=on_batch, on_truncate=on_truncate,
+    )  # fmt: skip
+    return [hyps[0].text for hyps in nbest]
+
+
+def translate_nbest(
+    generator: Seq2SeqGenerator,
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    nbest: int,
+    max_tokens: int = 2048,
+    on_batch: Callable[[list[int], SequenceGeneratorOutput], None] | None = None,
+    on_truncate: Callable[[list[int]], None] | None = None,
+) -> list[list[Translation]]:
+    """Translates in length-sorted batches and returns each source's `nbest` best
+    hypotheses (fewer if the generator gives fewer), best first, in input order.
 
     A source longer than the model accepts is cut to its first tokens (its end-of-sentence
     kept) and translated; `on_truncate` gets the indices of such sources.
@@ -61,13 +91,16 @@ def translate_texts(
         tokens[i] = torch.cat([tokens[i][: limit - 1], tokens[i][-1:]])
     if long and on_truncate is not None:
         on_truncate(long)
-    outputs = [""] * len(sources)
+    outputs: list[list[Translation]] = [[] for _ in sources]
     for batch in token_batches([len(t) for t in tokens], max_tokens):
         src, src_layout = pad([tokens[i] for i in batch], pad_idx)
         prompts, prompt_layout = pad([prompt] * len(batch), pad_idx)
         out = generator(src, src_layout, prompts, prompt_layout)
         for i, hyps in zip(batch, out.hypotheses, strict=True):
-            outputs[i] = decode(hyps[0].seq)
+            outputs[i] = [
+                Translation(decode(h.seq), None if h.score is None else float(h.score))
+                for h in hyps[:nbest]
+            ]
         if on_batch is not None:
             on_batch(batch, out)
     return outputs

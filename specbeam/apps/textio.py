@@ -6,33 +6,78 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import sys
+from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import TextIO
 
 
 def read_lines(path: str, errors: str = "strict") -> list[str]:
-    """Lines separated by '\\n' only (a stray '\\r' or U+2028 does not split a line), so
-    the output has exactly one line per input line. Invalid UTF-8 names its line."""
-    if errors not in ("strict", "replace"):
-        raise ValueError(f"input_errors={errors} is invalid: allowed: strict, replace")
+    """A file's lines, separated by '\\n' only (a stray '\\r' or U+2028 does not split a
+    line), so the output has exactly one line per input line. Invalid UTF-8 names its line."""
+    _check_errors(errors)
     try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        data = Path(path).read_bytes()
     except OSError as error:
         raise ValueError(f"cannot read input {path}: {error.strerror}") from None
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    starts = accumulate((len(line) + 1 for line in lines), initial=0)
+    return [
+        _decode(line, path, number, errors, start)
+        for number, (line, start) in enumerate(zip(lines, starts, strict=False), start=1)
+    ]
+
+
+def stream_lines(fd: int, errors: str, max_lines: int) -> Iterator[list[str]]:
+    """The lines of a pipe or terminal (as `read_lines` splits and decodes them) as they
+    arrive: each time at least one complete line is there, the complete lines that can
+    be read without waiting, up to `max_lines`. So a filter answers each line typed or
+    sent alone at once, and batches fill up when the input comes faster than it is
+    translated; no timer to tune. The last line may lack its '\\n'."""
+    _check_errors(errors)
+    pending = bytearray()
+    number = 0
+    ended = False
+    while True:
+        while not ended and (
+            b"\n" not in pending or (pending.count(b"\n") < max_lines and _readable(fd))
+        ):
+            data = os.read(fd, 1 << 16)
+            ended = not data
+            pending += data
+        if ended and pending and not pending.endswith(b"\n"):
+            pending += b"\n"
+        if not pending:
+            return
+        *complete, rest = pending.split(b"\n", max_lines)  # the rest may hold more lines
+        pending = bytearray(rest)
+        yield [_decode(line, "<stdin>", number + k, errors) for k, line in enumerate(complete, 1)]
+        number += len(complete)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _check_errors(errors: str) -> None:
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"input_errors={errors} is invalid: allowed: strict, replace")
+
+
+def _decode(line: bytes, path: str, number: int, errors: str, start: int | None = None) -> str:
     try:
-        text = data.decode("utf-8", errors=errors)
+        text = line.decode("utf-8", errors=errors)
     except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1)
+        where = "" if start is None else f" (byte {start + error.start} of the file)"
         raise ValueError(
-            f"{path}:{line}: invalid UTF-8 at byte {column} of the line (byte {error.start} of the file); "
+            f"{path}:{number}: invalid UTF-8 at byte {error.start} of the line{where}; "
             "set input_errors=replace to translate it with U+FFFD in place"
         ) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    return text.removesuffix("\r")
 
 
 class ResumableOutput:

@@ -4,6 +4,12 @@ python -m specbeam.translate input=src.es output=out.en
 echo "En el principio crió Dios los cielos y la tierra." | python -m specbeam.translate
 python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam search
 python -m specbeam.translate compare=beam ...        # and print the speedup over it
+python -m specbeam.translate output_format=jsonl nbest=3 ...   # n-best lists, scores, stats
+python -m specbeam.translate -m hydra/launcher=joblib shard=0/2,1/2 input=src.es output=out.en
+python scripts/merge_shards.py --input src.es --output out.en   # joins out.en.shard-*-of-2
+
+Standard input is streamed (`textio.stream_lines`): lines are translated as they arrive
+and each batch's output is flushed, so the app works as a filter in a pipe.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import hydra
@@ -21,12 +28,19 @@ from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
-from specbeam.apps.app import PipelineConfig, before_hydra, run_app, shard_range
+from specbeam.apps.app import (
+    PipelineConfig,
+    before_hydra,
+    parse_shard,
+    run_app,
+    shard_path,
+    shard_range,
+)
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
-from specbeam.apps.inference import translate_texts
+from specbeam.apps.inference import Translation, translate_nbest
 from specbeam.apps.split import Split, Splitter, flatten, join
-from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines
+from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines, stream_lines
 from specbeam.paths import REPO_ROOT
 from specbeam.search.stats import SpeculativeGeneratorOutput
 
@@ -36,14 +50,23 @@ log = logging.getLogger("specbeam.translate")
 @dataclass(kw_only=True)
 class TranslateConfig(PipelineConfig):
     input: str = "-"
+    """A file, or - : standard input, translated as its lines arrive."""
     output: str = "-"
+    output_format: str = "text"
+    """text: each line's translation; jsonl: one JSON object per input line with its
+    n-best list, scores and search statistics (`line_object`), for pipelines."""
+    nbest: int = 1
+    """Translations per line in output_format=jsonl, best first: at most
+    decoding.beam_size (1 for sampling)."""
     stats_file: str | None = None
     """Optional JSONL with one record of statistics per input line."""
     chunk_lines: int = 256
-    """Lines translated, then written and flushed, at a time (the resume granularity)."""
+    """Lines translated, then written and flushed, at a time (the resume granularity);
+    from stdin, at most this many of the lines that have arrived."""
     shard: str = "0/1"
-    """i/n: translate only the i-th of n contiguous blocks of the input
-    (scripts/merge_shards.py joins the outputs)."""
+    """i/n: translate only the i-th of n contiguous blocks of the input file, into
+    `<output>.shard-i-of-n` (and `<stats_file>.shard-i-of-n`), so that one command swept
+    over shards writes distinct files; scripts/merge_shards.py joins them."""
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
     compare: str | None = None
@@ -57,6 +80,32 @@ class TranslateConfig(PipelineConfig):
     conf/translate.yaml says why 50. 0 = off: a line is decoded whole, and one above the
     model's source length is cut to it, with a warning."""
 
+    def check(self) -> None:
+        """The settings only this app has, before any model is loaded."""
+        if self.output_format not in ("text", "jsonl"):
+            raise ValueError(f"output_format={self.output_format} is invalid: allowed: text, jsonl")
+        if self.decoding.search != "beam" and self.nbest != 1:
+            raise ValueError(
+                f"nbest={self.nbest} is invalid: decoding={self.decoding.name} samples one "
+                "translation per line (nbest=1)"
+            )
+        if not 1 <= self.nbest <= self.decoding.beam_size:
+            raise ValueError(
+                f"nbest={self.nbest} is invalid: must be 1 to decoding.beam_size="
+                f"{self.decoding.beam_size}"
+            )
+        if self.nbest > 1 and self.output_format == "text":
+            raise ValueError(
+                f"nbest={self.nbest} needs output_format=jsonl: text has one translation per line"
+            )
+        if self.chunk_lines < 1:
+            raise ValueError(f"chunk_lines={self.chunk_lines} is invalid: must be ≥ 1")
+        if parse_shard(self.shard) != (0, 1) and self.input == "-":
+            raise ValueError(
+                f"shard={self.shard} needs input=FILE: stdin is streamed, and every shard must "
+                "read the same lines"
+            )
+
 
 ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
 
@@ -65,36 +114,53 @@ _SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperat
 
 
 def translate(cfg: TranslateConfig) -> None:
+    cfg.check()
+    lines: list[str] | None = None  # stdin: streamed, its length unknown
+    first = 0  # lines before this shard's
+    if cfg.input != "-":
+        every_line = read_lines(cfg.input, cfg.input_errors)
+        first, end = shard_range(cfg.shard, len(every_line))
+        lines = every_line[first:end]
     tokenizer, generator = cfg.build()
     splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
-    every_line = read_lines(cfg.input, cfg.input_errors)
-    first, end = shard_range(cfg.shard, len(every_line))
-    lines = every_line[first:end]
-    job = job_fingerprint(cfg.input, (cfg.task, cfg.model, cfg.decoding, cfg.shard))
-    out = ResumableOutput(cfg.output, job)
-    stats = ResumableOutput(cfg.stats_file, job) if cfg.stats_file else None
+    output = shard_path(cfg.output, cfg.shard)
+    settings = (cfg.task, cfg.model, cfg.decoding, cfg.shard, cfg.output_format, cfg.nbest)
+    job = job_fingerprint(cfg.input, settings)
+    out = ResumableOutput(output, job)
+    stats = ResumableOutput(shard_path(cfg.stats_file, cfg.shard), job) if cfg.stats_file else None
     if stats is not None:
         stats.truncate_to(out.done)
     if out.done:
-        print(f"resuming {cfg.output} after line {out.done}", file=sys.stderr)
-    bar = tqdm(
-        total=len(lines), initial=out.done, unit="line", file=sys.stderr, disable=cfg.output == "-"
-    )
+        print(f"resuming {output} after line {out.done}", file=sys.stderr)
+    chunks: Iterable[list[str]]
+    if lines is None:
+        arriving = stream_lines(sys.stdin.fileno(), cfg.input_errors, cfg.chunk_lines)
+        chunks = _skip(arriving, out.done)
+    else:
+        chunks = (
+            lines[b : b + cfg.chunk_lines] for b in range(out.done, len(lines), cfg.chunk_lines)
+        )
+    total = None if lines is None else len(lines)
+    bar = tqdm(total=total, initial=out.done, unit="line", file=sys.stderr, disable=output == "-")
     split_lines: list[dict] = []
+    translated: list[str] = []  # for compare=
     try:
-        for begin in range(out.done, len(lines), cfg.chunk_lines):
+        for chunk in chunks:
             texts, records = translate_chunk(
-                cfg, tokenizer, generator, splitter, lines, begin, first
+                cfg, tokenizer, generator, splitter, chunk, 0, first + out.done
             )
             split_lines += [r for r in records if "pieces" in r]
+            if cfg.compare:
+                translated += chunk
             if stats is not None:
                 stats.write([json.dumps(r) for r in records])
             out.write(texts)
             bar.update(len(texts))
     except KeyboardInterrupt:
-        where = "stdout" if cfg.output == "-" else f"{out.partial}"
+        where = "stdout" if output == "-" else f"{out.partial}"
+        of = "" if total is None else f" of {total}"
         raise SystemExit(
-            f"interrupted: {out.done} of {len(lines)} lines are in {where}; "
+            f"interrupted: {out.done}{of} lines are in {where}; "
             "run the same command again to continue"
         ) from None
     finally:
@@ -108,8 +174,16 @@ def translate(cfg: TranslateConfig) -> None:
     if split_lines:
         warn_split(split_lines, cfg.split_above_tokens)
     if cfg.compare:
-        pieces = [p for t in lines if t.strip() for p in splitter(t).pieces]
+        pieces = [p for t in translated if t.strip() for p in splitter(t).pieces]
         print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)
+
+
+def _skip(chunks: Iterable[list[str]], count: int) -> Iterator[list[str]]:
+    """The lines after the first `count` (those a resumed output has already)."""
+    for chunk in chunks:
+        chunk, count = chunk[count:], max(0, count - len(chunk))
+        if chunk:
+            yield chunk
 
 
 def warn_split(records: list[dict], limit: int, named: int = 20) -> None:
@@ -173,9 +247,10 @@ def translate_chunk(
     begin: int,
     line_offset: int,
 ) -> tuple[list[str], list[dict]]:
-    """Translates lines [begin, begin + chunk_lines): output lines and per-line records
-    (numbered in the whole input: this shard starts after `line_offset` lines). The pieces
-    of all lines go to `translate_texts` together, so that split lines share batches."""
+    """Translates lines [begin, begin + chunk_lines): output lines (in
+    `cfg.output_format`) and per-line records (numbered in the whole input: these lines
+    start after `line_offset` lines). The pieces of all lines go to `translate_nbest`
+    together, so that split lines share batches."""
     chunk = lines[begin : begin + cfg.chunk_lines]
     todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
     splits = [splitter(chunk[i]) for i in todo]
@@ -198,6 +273,8 @@ def translate_chunk(
                 else:
                     piece["target_passes"] = result.stats.passes_per_source[row]
                     piece["steps"] = result.stats.steps_per_source[row]
+            else:  # a decoding without a draft
+                piece["plain"] = True
             decoded[p] = piece
         last = now
 
@@ -211,17 +288,43 @@ def translate_chunk(
             limit,
         )
 
-    translations = translate_texts(
-        generator, tokenizer, pieces, cfg.task.src_lang, cfg.task.tgt_lang,
+    translations = translate_nbest(
+        generator, tokenizer, pieces, cfg.task.src_lang, cfg.task.tgt_lang, nbest=cfg.nbest,
         max_tokens=cfg.hardware.batch_tokens, on_batch=on_batch, on_truncate=on_truncate,
     )  # fmt: skip
     texts = [""] * len(chunk)
     records = [{"line": line_offset + begin + i + 1, "blank": True} for i in range(len(chunk))]
+    objects = [line_object(r, "", [], []) for r in records]
     for k, i in enumerate(todo):
         a, b = starts[k], starts[k + 1]
-        texts[i] = join(translations[a:b])
+        texts[i] = join([hyps[0].text for hyps in translations[a:b]])
         records[i] = line_record(number[k], splits[k], decoded[a:b], seconds)
+        objects[i] = line_object(records[i], texts[i], splits[k].pieces, translations[a:b])
+    if cfg.output_format == "jsonl":
+        return [json.dumps(o, ensure_ascii=False) for o in objects], records
     return texts, records
+
+
+def line_object(
+    record: dict, text: str, pieces: list[str], translations: list[list[Translation]]
+) -> dict:
+    """output_format=jsonl's object for one input line: `text`, the line as text output
+    writes it; `nbest`, whole-line translations with their scores, best first; `stats`,
+    the line's stats_file record (`plain`, or `target_passes`, `steps` and `tau`). A
+    split line's pieces are decoded apart, so no whole-line alternatives or score exist:
+    its `nbest` is the joined 1-best alone, score null, and `pieces` has each piece's
+    source and its own n-best list. A blank line: text "", nbest []."""
+    stats = {k: v for k, v in record.items() if k != "line"}
+    obj: dict = {"line": record["line"], "text": text, "nbest": [], "stats": stats}
+    if len(pieces) == 1:
+        obj["nbest"] = [dataclasses.asdict(t) for t in translations[0]]
+    elif pieces:
+        obj["nbest"] = [{"text": text, "score": None}]
+        obj["pieces"] = [
+            {"source": piece, "nbest": [dataclasses.asdict(t) for t in hyps]}
+            for piece, hyps in zip(pieces, translations, strict=True)
+        ]
+    return obj
 
 
 def line_record(line: int, split: Split, pieces: list[dict], seconds: list[float]) -> dict:

@@ -10,8 +10,11 @@ import pytest
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.generation.sampling import SamplingSeq2SeqGenerator
 from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 
+import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
+import specbeam.training.train  # noqa: F401  (registers train_schema)
 from specbeam.apps.app import check_group_choices, command_line_settings, run_app
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig
@@ -169,3 +172,16 @@ def test_method_strings_are_tuned_but_for_the_settings_they_name() -> None:
     hw = HardwareConfig(tuned={"spec_beam": {"gamma": 7, "draft_width": 9}})
     varied = hw.tune(load_decoding("spec_beam:draft_width=20;draft_prune_margin=1.5"))
     assert (varied.gamma, varied.draft_width, varied.draft_prune_margin) == (7, 20, 1.5)
+
+
+@pytest.mark.parametrize(
+    ("app", "overrides", "cpus"),
+    [("translate", ["hardware.threads=6"], 6), ("evaluate", [], 2), ("train", ["threads=3"], 3)],
+)
+def test_slurm_jobs_ask_for_the_cpus_their_threads_use(
+    app: str, overrides: list, cpus: int
+) -> None:
+    """conf/hydra/launcher/slurm.yaml: cpus_per_task follows the app's threads."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        cfg = compose(app, ["hydra/launcher=slurm", *overrides], return_hydra_config=True)
+    assert instantiate(cfg.hydra.launcher).params["cpus_per_task"] == cpus

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
-from specbeam.apps.textio import ResumableOutput, read_lines
+from specbeam.apps.textio import ResumableOutput, read_lines, stream_lines
 
 
 def test_lines_split_on_newline_only(tmp_path) -> None:
@@ -19,6 +22,41 @@ def test_invalid_utf8_names_line_and_byte(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"bad.txt:2: invalid UTF-8 at byte 3 of the line"):
         read_lines(str(path))
     assert read_lines(str(path), errors="replace") == ["ok", "abc\ufffddef"]
+
+
+def test_streamed_lines_come_as_they_arrive_in_batches_of_what_is_there() -> None:
+    """Each batch: the complete lines readable without waiting, at most max_lines; a line
+    still being written waits for its newline; the last may lack one. Split and decoded
+    as read_lines does."""
+    read_end, write_end = os.pipe()
+    try:
+        lines = stream_lines(read_end, "replace", max_lines=2)
+        os.write(write_end, "a\r\nb\u2028c".encode())
+        os.write(write_end, b"\nd\ne\nhalf")
+        assert next(lines) == ["a", "b\u2028c"]
+        assert next(lines) == ["d", "e"]
+        os.write(write_end, b" line\nx")
+        signal.alarm(30)  # a batch that waited for max_lines would never come
+        assert next(lines) == ["half line"]
+        signal.alarm(0)
+        os.write(write_end, b"\n\n\xff")
+        assert next(lines) == ["x", ""]
+        os.close(write_end)
+        write_end = -1
+        assert list(lines) == [["\ufffd"]]
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+
+
+def test_invalid_utf8_on_stdin_names_its_line() -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"ok\n\nab\xff\n")
+    os.close(write_end)
+    with pytest.raises(ValueError, match=r"^<stdin>:3: invalid UTF-8 at byte 2 of the line; set"):
+        list(stream_lines(read_end, "strict", max_lines=10))
+    os.close(read_end)
 
 
 def test_missing_input_is_a_clear_error(tmp_path) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -97,20 +100,54 @@ def test_stdin_to_stdout_and_clear_errors(tmp_path) -> None:
     assert (
         f"error: cannot write output {tmp_path}/a_file/out.en: Not a directory" in unwritable.stderr
     )
+    bad_format = run(tmp_path, "output_format=xml")
+    assert bad_format.stderr.strip() == "error: output_format=xml is invalid: allowed: text, jsonl"
     unknown = run(tmp_path, "decoding.nonsense=1")
     assert unknown.returncode != 0 and "Key 'nonsense' not in 'DecodingConfig'" in unknown.stderr
 
 
-def _start(tmp_path: Path, source: Path, output: Path, *overrides: str) -> subprocess.Popen:
+def test_stdin_is_translated_as_lines_arrive(tmp_path, source_file) -> None:
+    """A filter in a pipe: a line's translation comes out while stdin is still open;
+    then one output line per input line, in order, blank lines kept, as from a file."""
+    alone = "hardware.batch_tokens=1"  # batches of one: the same length caps as the file's
+    reference = tmp_path / "reference.en"
+    assert run(tmp_path, f"input={source_file}", f"output={reference}", alone).returncode == 0
     cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
-           "decoding.max_gen_len=[0.5,4]", "chunk_lines=10", f"input={source}", f"output={output}",
-           f"hydra.run.dir={tmp_path}/hydra", *overrides]  # fmt: skip
+           "decoding.max_gen_len=[0.5,4]", alone, f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, encoding="utf-8",
+    )  # fmt: skip
+    out: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [out.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        proc.stdin.write(LINES[0] + "\n")
+        proc.stdin.flush()
+        first = out.get(timeout=240)  # stdin still open
+        assert proc.poll() is None
+        proc.stdin.write("\n".join(LINES[1:]) + "\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=240) == 0
+    finally:
+        proc.kill()
+    rest = [out.get(timeout=10) for _ in LINES[1:]]
+    assert out.empty()
+    assert [first, *rest] == reference.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def _start(tmp_path: Path, source: Path, output: Path, from_stdin: bool) -> subprocess.Popen:
+    """translate of `source` (or of stdin reading it) into `output`, 10 lines at a time."""
+    given = "input=-" if from_stdin else f"input={source}"
+    cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
+           "decoding.max_gen_len=[0.5,4]", "chunk_lines=10", given, f"output={output}",
+           f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
     # As a job in a terminal: a test run launched in the background inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler.
-    return subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    with open(source if from_stdin else os.devnull, "rb") as stdin:
+        return subprocess.Popen(
+            cmd, cwd=REPO, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
 
 
 def _wait_for_lines(partial: Path, count: int, proc: subprocess.Popen) -> None:
@@ -137,8 +174,11 @@ def test_batches_above_max_speculative_batch_are_marked_plain(tmp_path, source_f
     assert [r.get("plain", False) for r in records] == [True, False, True, False, True]
 
 
-@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
-def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
+@pytest.mark.parametrize(
+    ("signal_name", "from_stdin"), [("SIGKILL", False), ("SIGINT", False), ("SIGKILL", True)]
+)
+def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdin) -> None:
+    """From stdin too: the rerun, given the same input, skips the lines the output has."""
     dev = [
         line.split("\t")[1]
         for line in (REPO / "tasks/bible_es_en/data/dev.tsv").read_text().splitlines()
@@ -150,7 +190,7 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
 
     output = tmp_path / "resumed.en"
     partial = tmp_path / "resumed.en.partial"
-    proc = _start(tmp_path, source, output)
+    proc = _start(tmp_path, source, output, from_stdin)
     _wait_for_lines(partial, 20, proc)
     proc.send_signal(getattr(signal, signal_name))
     _, stderr = proc.communicate(timeout=120)
@@ -160,40 +200,40 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name) -> None:
     done = partial.read_text(encoding="utf-8").count("\n")
     assert 20 <= done < 60
 
-    resumed = run(tmp_path, f"input={source}", f"output={output}", "chunk_lines=10")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming {output} after line {done}" in resumed.stderr
+    resumed = _start(tmp_path, source, output, from_stdin)
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert f"resuming {output} after line {done}" in stderr
     assert output.read_bytes() == reference.read_bytes()
     assert not partial.exists()
 
 
-def test_shards_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
+def test_shards_swept_with_joblib_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
+    """README's corpus command: one command line swept over shards writes a file per
+    shard (`out.en.shard-i-of-n`, its stats likewise); merge_shards.py finds and joins them."""
     # One sentence per batch: fairseq2's length cap (a × longest source in the batch + b)
     # makes capped outputs depend on batch company, and untrained models always hit it.
     alone = "hardware.batch_tokens=1"
     whole = tmp_path / "whole.en"
     assert run(tmp_path, f"input={source_file}", f"output={whole}", alone).returncode == 0
-    shards = [tmp_path / f"part{i}.en" for i in range(3)]
-    for i, shard in enumerate(shards):
-        result = run(tmp_path, f"input={source_file}", f"output={shard}", f"shard={i}/3", alone)
-        assert result.returncode == 0, result.stderr
-    merged = tmp_path / "merged.en"
-    cmd = [
-        sys.executable,
-        "scripts/merge_shards.py",
-        "--input",
-        str(source_file),
-        "--output",
-        str(merged),
-        *map(str, shards),
-    ]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-m", "specbeam.translate", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+           "model=tiny_random", "hardware.threads=1", "decoding.max_gen_len=[0.5,4]", alone, "shard=0/3,1/3,2/3",
+           f"input={source_file}", f"output={tmp_path}/out.en", f"stats_file={tmp_path}/stats.jsonl",
+           f"hydra.sweep.dir={tmp_path}/sweep"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert merged.read_bytes() == whole.read_bytes()
-
-    shards[1].write_text("one line too few\n")
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "shard 1/3" in result.stderr and "expected 2" in result.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.shard-*")) == [
+        *(f"out.en.shard-{i}-of-3" for i in range(3)),
+        *(f"stats.jsonl.shard-{i}-of-3" for i in range(3)),
+    ]
+    for name in ("out.en", "stats.jsonl"):
+        merge = [sys.executable, "scripts/merge_shards.py", "--input", str(source_file),
+                 "--output", str(tmp_path / name)]  # fmt: skip
+        result = subprocess.run(merge, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.en").read_bytes() == whole.read_bytes()
+    records = [json.loads(line) for line in (tmp_path / "stats.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 4, 5]
 
 
 def test_local_multirun_with_joblib_launcher(tmp_path, source_file) -> None:
@@ -309,6 +349,68 @@ def test_fuzzed_lines_translate_one_for_one_as_beam_search(fuzz_pipeline, lines,
                 tokens = torch.cat([tokens[: limit - 1], tokens[-1:]])
             own.append(spec.seen[tuple(tokens.tolist())])
         assert _joins_from(text, own)
+
+
+def test_jsonl_gives_each_line_its_nbest_scores_and_stats(fuzz_pipeline) -> None:
+    """One object per input line, `text` as text output writes it; an unsplit line has its
+    n best whole-line hypotheses, best first; a split line its joined 1-best (no score)
+    and each piece's n-best list; a blank line none. Speculative = plain search."""
+    tokenizer, generators = fuzz_pipeline
+    lines = ["Y vió Dios que la luz era buena.", "", " ".join([LINES[2]] * 3)]
+    text_cfg = TranslateConfig(
+        hardware=HardwareConfig(batch_tokens=1, threads=1), split_above_tokens=12
+    )
+    jsonl_cfg = replace(text_cfg, output_format="jsonl", nbest=3)
+    splitter = Splitter(tokenizer, text_cfg.task.src_lang, text_cfg.split_above_tokens)
+    texts, _ = translate_chunk(text_cfg, tokenizer, generators["beam"], splitter, lines, 0, 10)
+    objects = {}
+    for name, generator in generators.items():
+        out, records = translate_chunk(jsonl_cfg, tokenizer, generator, splitter, lines, 0, 10)
+        objects[name] = [json.loads(line) for line in out]
+        assert [o["stats"] for o in objects[name]] == [
+            {k: v for k, v in r.items() if k != "line"} for r in records
+        ]
+    beam, spec = objects["beam"], objects["spec_beam"]
+    assert [o["line"] for o in beam] == [11, 12, 13] and [o["text"] for o in beam] == texts
+    assert beam[1] == {"line": 12, "text": "", "nbest": [], "stats": {"blank": True}}
+    scores = [h["score"] for h in beam[0]["nbest"]]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    assert beam[0]["nbest"][0]["text"] == texts[0] and "pieces" not in beam[0]
+    assert beam[0]["stats"]["plain"] and "target_passes" in spec[0]["stats"]
+    split = beam[2]
+    assert split["nbest"] == [{"text": texts[2], "score": None}]
+    assert len(split["pieces"]) == split["stats"]["pieces"] > 1
+    assert join([p["nbest"][0]["text"] for p in split["pieces"]]) == texts[2]
+    assert all(len(p["nbest"]) == 3 for p in split["pieces"])
+    for b, s in zip(beam, spec, strict=True):  # exact: the same n-best lists
+        assert [t for t, _ in _hypotheses(b)] == [t for t, _ in _hypotheses(s)]
+        scores = [[x for _, x in _hypotheses(o) if x is not None] for o in (b, s)]
+        assert scores[0] == pytest.approx(scores[1], abs=1e-4)
+
+
+def _hypotheses(obj: dict) -> list[tuple[str, float | None]]:
+    """A jsonl object's hypotheses, the line's then its pieces'."""
+    return [(h["text"], h["score"]) for x in (obj, *obj.get("pieces", [])) for h in x["nbest"]]
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"output_format": "xml"}, "output_format=xml is invalid: allowed: text, jsonl"),
+        ({"output_format": "jsonl", "nbest": 6}, "nbest=6 is invalid: must be 1 to decoding.beam_size=5"),
+        ({"output_format": "jsonl", "nbest": 0}, "nbest=0 is invalid: must be 1 to decoding.beam_size=5"),
+        ({"nbest": 2}, "nbest=2 needs output_format=jsonl: text has one translation per line"),
+        ({"output_format": "jsonl", "nbest": 2, "decoding": DecodingConfig(name="sample", search="sample")},
+         "nbest=2 is invalid: decoding=sample samples one translation per line (nbest=1)"),
+        ({"chunk_lines": 0}, "chunk_lines=0 is invalid: must be ≥ 1"),
+        ({"shard": "2/2", "input": "src.es"}, "shard=2/2 is invalid: need 0 ≤ i < n"),
+        ({"shard": "0of2", "input": "src.es"}, "shard=0of2 is invalid: expected i/n, e.g. 0/4"),
+        ({"shard": "0/2"}, "shard=0/2 needs input=FILE: stdin is streamed"),
+    ],
+)  # fmt: skip
+def test_bad_output_settings_are_one_line_errors(settings: dict, expected: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        TranslateConfig(**settings).check()
 
 
 def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file) -> None:

@@ -1,0 +1,72 @@
+"""scripts/merge_shards.py: shard files found by name and joined in shard order, or a
+one-line error naming the shard that is missing or has the wrong lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def merge_shards(monkeypatch):  # noqa: ANN001, ANN201
+    spec = importlib.util.spec_from_file_location("merge_shards", REPO / "scripts/merge_shards.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "merge_shards", module)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """Five input lines; out.en's three shards own lines 1, 2-3 and 4-5."""
+    source = tmp_path / "src.es"
+    source.write_text("uno\ndos\n\ncuatro\ncinco\n")
+    for i, lines in enumerate(["one\n", "two\n\n", "four\nfive\n"]):
+        (tmp_path / f"out.en.shard-{i}-of-3").write_text(lines)
+    (tmp_path / "out.en.shard-0-of-3.partial").write_text("a partial file is not a shard\n")
+    return source
+
+
+def error_of(main, *argv: str) -> str:  # noqa: ANN001
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    return str(exit_info.value.code)
+
+
+def test_found_shards_join_in_order(merge_shards, corpus) -> None:
+    output = corpus.with_name("out.en")
+    merge_shards(["--input", str(corpus), "--output", str(output)])
+    assert output.read_text() == "one\ntwo\n\nfour\nfive\n"
+    assert len(list(corpus.parent.glob("out.en.shard-*-of-3"))) == 3  # kept
+
+
+def test_named_shards_join_in_the_order_given(merge_shards, corpus) -> None:
+    named = [corpus.with_name(f"out.en.shard-{i}-of-3") for i in range(3)]
+    output = corpus.with_name("joined.en")
+    merge_shards(["--input", str(corpus), "--output", str(output), *map(str, named)])
+    assert output.read_text() == "one\ntwo\n\nfour\nfive\n"
+
+
+def test_missing_or_wrong_shards_are_one_line_errors(merge_shards, corpus) -> None:
+    args = ["--input", str(corpus), "--output", str(corpus.with_name("out.en"))]
+    corpus.with_name("out.en.shard-1-of-3").write_text("two\n")
+    assert error_of(merge_shards, *args) == (
+        f"error: shard 1/3: {corpus.parent}/out.en.shard-1-of-3 has 1 lines, expected 2 "
+        f"(lines 2–3 of {corpus})"
+    )
+    corpus.with_name("out.en.shard-1-of-3").unlink()
+    assert error_of(merge_shards, *args).startswith(
+        f"error: shard 1/3: {corpus.parent}/out.en.shard-1-of-3 does not exist (is it still running?"
+    )
+    corpus.with_name("out.en.shard-0-of-2").write_text("one\ntwo\n")
+    assert "has shards of several splits (of 2, 3)" in error_of(merge_shards, *args)
+    other = ["--input", str(corpus), "--output", str(corpus.with_name("none.en"))]
+    assert error_of(merge_shards, *other).startswith(
+        f"error: no shard files {corpus.parent}/none.en.shard-i-of-n"
+    )
+    assert not corpus.with_name("out.en").exists()
