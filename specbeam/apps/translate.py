@@ -216,7 +216,8 @@ def compare_line(
         raise ValueError(f"compare={cfg.compare} is speculative: compare with a plain decoding")
     runs = [
         MethodRun(
-            cfg.compare, make_generator(baseline, generator.model, None, tokenizer.vocab_info)
+            cfg.compare,
+            make_generator(baseline, generator.model, None, tokenizer.vocab_info, cfg.hardware),
         ),  # type: ignore[arg-type]
         MethodRun(cfg.decoding.name, generator),
     ]
