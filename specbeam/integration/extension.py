@@ -49,7 +49,7 @@ from fairseq2.utils.validation import ValidationResult
 from omegaconf import OmegaConf
 from torch.nn import Module
 
-from specbeam.integration.cards import own_draft_path
+from specbeam.integration.hub import own_draft_path
 from specbeam.integration.models import (
     Draft,
     check_same_pieces,

@@ -35,7 +35,14 @@ from tqdm import tqdm
 
 from specbeam.apps.data import read_tsv, target_prompt_len, token_batches, tokenize_pairs
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import atomic_save, load_model, save_head
+from specbeam.integration.hub import asset_store, is_path, repo_path, retrieve_card
+from specbeam.integration.models import (
+    ModelPairConfig,
+    atomic_save,
+    load_model,
+    load_target,
+    save_head,
+)
 from specbeam.paths import REPO_ROOT
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.lean_decoder import (
@@ -58,7 +65,10 @@ log = logging.getLogger("specbeam.train_head")
 @dataclass(kw_only=True)
 class TrainHeadConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
-    target: str = "tasks/bible_es_en/models/target.pt"
+    target: str = "bible_es_en_target"
+    """The target the head drafts for: an asset card name or a checkpoint path."""
+    tokenizer: str | None = None
+    """The card whose tokenizer the target uses; None: the target's card."""
     data: str = "~/.cache/specbeam/distill/train.tsv"
     """The target's translations of the training sources (`python -m specbeam.distill`)."""
     data_cache: str = "~/.cache/specbeam/distill/head_states.pt"
@@ -200,7 +210,8 @@ class HeadTrainer:
     def __init__(self, cfg: TrainHeadConfig) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out_dir).expanduser()
-        tokenizer = cfg.task.load_tokenizer()
+        models = ModelPairConfig(target=cfg.target, draft=None, tokenizer=cfg.tokenizer)
+        tokenizer = models.load_tokenizer()
         self.pad_idx = tokenizer.vocab_info.pad_idx or 0
         data_path = Path(cfg.data).expanduser()
         if not data_path.exists():
@@ -210,9 +221,11 @@ class HeadTrainer:
                 "2 cores)"
             )
         pairs = tokenize_pairs(read_tsv(data_path), tokenizer, cfg.task.src_lang, cfg.task.tgt_lang)
-        target_path = _repo_path(cfg.target)
+        target = load_target(cfg.target)
+        target.requires_grad_(False)
         self.data: HeadData = head_data.load_or_compute(
-            Path(cfg.data_cache).expanduser(), target_path, pairs, self.pad_idx, cfg.top_k,
+            Path(cfg.data_cache).expanduser(), checkpoint_file(cfg.target), target, pairs,
+            self.pad_idx, cfg.top_k,
             prompt_len=target_prompt_len(tokenizer, cfg.task.tgt_lang), bf16=cfg.bf16,
             feature_layers=tuple(cfg.feature_layers),
         )  # fmt: skip
@@ -220,11 +233,9 @@ class HeadTrainer:
         random.Random(cfg.seed).shuffle(order)
         self.valid_rows = sorted(order[: cfg.valid_pairs])
         self.train_rows = sorted(order[cfg.valid_pairs :])
-        target = load_model(target_path)
-        target.requires_grad_(False)
         layers = tuple(cfg.feature_layers)
         if cfg.init:
-            self.head = init_head(_repo_path(cfg.init), target, layers)
+            self.head = init_head(repo_path(cfg.init), target, layers)
         else:
             self.head = DraftHead(
                 target, HeadArch(num_layers=cfg.num_layers, feature_layers=layers)
@@ -399,9 +410,12 @@ def init_head(path: Path, target: TransformerModel, layers: tuple[int, ...]) -> 
     return head
 
 
-def _repo_path(spec: str) -> Path:
-    path = Path(spec).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
+def checkpoint_file(spec: str) -> Path:
+    """The checkpoint of a target given by path or asset card (what its states' cache is
+    keyed by)."""
+    if is_path(spec):
+        return repo_path(spec)
+    return retrieve_card(asset_store(), "target", spec).field("checkpoint").as_uri().to_path()
 
 
 @hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="train_head")
