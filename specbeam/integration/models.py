@@ -249,27 +249,17 @@ def load_model(
 
 
 @dataclass(kw_only=True)
-class ModelPairConfig:
-    """A target and its draft, each an asset card name or a checkpoint path (relative to
-    the repository unless absolute), or "random" for untrained models of `random_arch`
-    sizes (pipeline checks only). The tokenizer is the target card's."""
+class TargetConfig:
+    """A target model by asset card name or checkpoint path (relative to the repository
+    unless absolute); its tokenizer is its card's."""
 
-    name: str = "bible_es_en"
     target: str = "bible_es_en_target"
-    draft: str | None = "bible_es_en_head"
-    """None (or "none"): no draft; only plain decodings run."""
     tokenizer: str | None = None
     """The card whose tokenizer to use; None: the target's card (a target given as a
     checkpoint path or "random" needs one)."""
     asset_dirs: list[str] = field(default_factory=list)
     """Directories of asset cards, besides fairseq2's, FAIRSEQ2_USER_ASSET_DIR's and the
     embedded tasks'."""
-    random_target_arch: ModelArch | None = None
-    random_draft_arch: ModelArch | None = None
-
-    def __post_init__(self) -> None:
-        if self.draft is not None and self.draft.lower() == "none":
-            self.draft = None
 
     def tokenizer_card(self) -> str:
         if self.tokenizer is not None:
@@ -286,6 +276,22 @@ class ModelPairConfig:
         setting = "model.tokenizer" if self.tokenizer is not None else "model.target"
         store = store or asset_store(self.asset_dirs)
         return load_card_tokenizer(store, setting, self.tokenizer_card())
+
+
+@dataclass(kw_only=True)
+class ModelPairConfig(TargetConfig):
+    """A target and its draft, each by asset card name or checkpoint path, or "random"
+    for untrained models of `random_arch` sizes (pipeline checks only)."""
+
+    name: str = "bible_es_en"
+    draft: str | None = "bible_es_en_head"
+    """None (or "none"): no draft; only plain decodings run."""
+    random_target_arch: ModelArch | None = None
+    random_draft_arch: ModelArch | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft is not None and self.draft.lower() == "none":
+            self.draft = None
 
 
 @dataclass

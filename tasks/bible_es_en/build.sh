@@ -50,7 +50,7 @@ for step in $STEPS; do
         out_dir="$CACHE/draft_shallow_kd" "${common[@]}" hydra.run.dir="$CACHE/draft_shallow_kd/hydra"
       wait ;;
     head)  # a draft head over the shipped target's states, on the same translations
-      $PY -m specbeam.train_head target=bible_es_en_target \
+      $PY -m specbeam.train_head model.target=bible_es_en_target \
         data="$CACHE/distill/train.tsv" data_cache="$CACHE/distill/head_states.pt" \
         out_dir="$CACHE/head" time_budget_minutes="$HEAD_MINUTES" hydra.run.dir="$CACHE/head/hydra" ;;
     ship)
