@@ -1,7 +1,8 @@
 """fairseq2 asset cards for specbeam checkpoints, so fairseq2's hubs load them by name.
 
     python -m specbeam.cards OUT.yaml NAME=CHECKPOINT [NAME=CHECKPOINT ...] \\
-        [--tokenizer SPM_MODEL --langs spa_Latn,eng_Latn --default-lang eng_Latn]
+        [--tokenizer SPM_MODEL --langs spa_Latn,eng_Latn --default-lang eng_Latn
+         | --tokenizer-of CARD]
 
 Paths in the cards are relative to the card file, so a card directory moves with its
 checkpoints. A draft trained over its target's encoder (`shallow_over`) has no encoder
@@ -72,6 +73,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, help="SentencePiece model for every card")
     parser.add_argument("--langs", default="spa_Latn,eng_Latn")
     parser.add_argument("--default-lang", default="eng_Latn")
+    parser.add_argument(
+        "--tokenizer-of", metavar="CARD", help="use the tokenizer of this card (e.g. the target's)"
+    )
     args = parser.parse_args()
     card_dir = args.out.parent
     cards = []
@@ -81,6 +85,8 @@ def main() -> None:
         if args.tokenizer:
             langs = args.langs.split(",")
             card.update(tokenizer_fields(args.tokenizer, card_dir, langs, args.default_lang))
+        elif args.tokenizer_of:
+            card["tokenizer_ref"] = args.tokenizer_of  # fairseq2's reference to another card
         cards.append(card)
     write_cards(args.out, cards)
     print(f"wrote {len(cards)} cards to {args.out}")

@@ -324,7 +324,7 @@ def open_pair(
     if draft is not None and cfg.draft != "random" and not is_path(cfg.draft or ""):
         # A draft card that names its tokenizer must use the target's pieces.
         draft_card = retrieve_card(store, "model.draft", cfg.draft or "")
-        if draft_card.maybe_get_field("tokenizer_family") is not None:
+        if any(draft_card.maybe_get_field(f) is not None for f in ("tokenizer", "tokenizer_ref")):
             draft_tokenizer = load_card_tokenizer(store, "model.draft", draft_card.name)
             try:
                 check_same_pieces(tokenizer, draft_tokenizer)

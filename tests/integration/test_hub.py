@@ -81,7 +81,8 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     target.load_state_dict(build_model(target_arch).state_dict())  # tiny_nllb's weights
     save_head(DraftHead(target, HeadArch(num_layers=1)), models / "head.pt", torch.float32)
-    entries.append(model_card("tiny_nllb_head", models / "head.pt", card_dir))
+    head_card = model_card("tiny_nllb_head", models / "head.pt", card_dir)
+    entries.append({**head_card, "tokenizer_ref": "tiny_nllb"})  # its pieces are checked
     entries.append({"name": "no_checkpoint", "model_family": "nllb", **tokenizer})
     write_cards(card_dir / "tiny.yaml", entries)
     return card_dir
