@@ -258,8 +258,8 @@ class TargetConfig:
     """The card whose tokenizer to use; None: the target's card (a target given as a
     checkpoint path or "random" needs one)."""
     asset_dirs: list[str] = field(default_factory=list)
-    """Directories of asset cards, besides fairseq2's, FAIRSEQ2_USER_ASSET_DIR's and the
-    embedded tasks'."""
+    """Directories of asset cards (relative to the repository unless absolute), besides
+    fairseq2's, FAIRSEQ2_USER_ASSET_DIR's and the embedded tasks'."""
 
     def tokenizer_card(self) -> str:
         if self.tokenizer is not None:
@@ -329,7 +329,9 @@ def open_pair(
             try:
                 check_same_pieces(tokenizer, draft_tokenizer)
             except ValueError as error:
-                raise ValueError(f"model.draft={cfg.draft} does not fit {card}: {error}") from None
+                raise ValueError(
+                    f"model.draft={cfg.draft} does not fit model.target={cfg.target}: {error}"
+                ) from None
     return LoadedPair(tokenizer, target, draft)
 
 
@@ -384,10 +386,7 @@ def load_target(spec: str, store: AssetStore | None = None) -> TransformerModel:
         return load_card_model(
             retrieve_card(store, "model.target", spec), "model.target", torch.float32
         )
-    model = load_model(_checkpoint("model.target", spec))
-    if not isinstance(model, TransformerModel):
-        raise ValueError(f"model.target={spec} is a draft head, not a target model")
-    return model
+    return load_model(_checkpoint("model.target", spec))
 
 
 def load_draft(

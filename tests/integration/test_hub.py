@@ -84,6 +84,12 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     head_card = model_card("tiny_nllb_head", models / "head.pt", card_dir)
     entries.append({**head_card, "tokenizer_ref": "tiny_nllb"})  # its pieces are checked
     entries.append({"name": "no_checkpoint", "model_family": "nllb", **tokenizer})
+    # fairseq2 resolves an inherited relative path against the leaf card: give the files.
+    shipped = {
+        "checkpoint": str(REPO_ROOT / "tasks/bible_es_en/models/target.pt"),
+        "tokenizer": str(SPM),
+    }
+    entries.append({"name": "shipped_target_again", "base": "bible_es_en_target", **shipped})
     write_cards(card_dir / "tiny.yaml", entries)
     return card_dir
 
@@ -129,6 +135,14 @@ def test_draft_none_runs_plain_decodings(cards: Path) -> None:
     assert not isinstance(generator, SpeculativeBeamSearchSeq2SeqGenerator)
     message = _error(cards, "model.target=tiny_nllb", "model.draft=none")
     assert "decoding=spec_beam is speculative but model.draft is none" in message
+
+
+def test_a_card_in_asset_dirs_may_name_a_base_card_elsewhere(cards: Path) -> None:
+    """The store is fairseq2's, built over every source: the base is a shipped card."""
+    tokenizer, generator = _build(
+        cards, "model.target=shipped_target_again", "model.draft=none", "decoding=beam"
+    )
+    assert tokenizer.vocab_info.size == SIZE and generator.model.model_dim == 512
 
 
 def test_checkpoint_paths_and_a_tokenizer_card(cards: Path) -> None:
