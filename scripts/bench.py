@@ -42,7 +42,7 @@ from specbeam.apps.calibrate import Calibration, CountingGenerator, measure_call
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
-from specbeam.integration.models import Draft, ModelPairConfig, load_pair
+from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.paths import REPO_ROOT
 from specbeam.search.planner import LinearCost, PassShape
 from specbeam.search.runtime import Runtime
@@ -114,12 +114,11 @@ class Models:
     @staticmethod
     def load(cfg: EvaluateConfig) -> Models:
         cfg.hardware.apply()
-        tokenizer = cfg.task.load_tokenizer()
-        target, draft = load_pair(
-            cfg.model, tokenizer.vocab_info.size, with_draft=True,
+        pair = open_pair(
+            cfg.model, cfg.task.src_lang, cfg.task.tgt_lang, with_draft=True,
             draft_dtype=cfg.hardware.draft_torch_dtype,
         )  # fmt: skip
-        return Models(cfg, tokenizer, target, draft)
+        return Models(cfg, pair.tokenizer, pair.target, pair.draft)
 
     def generator(self, d: DecodingConfig) -> Seq2SeqGenerator:
         """`d` on these models on the hardware's machine settings."""

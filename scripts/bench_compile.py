@@ -140,7 +140,7 @@ def main() -> None:
     inductor_config.freezing = args.variant == "freeze"
     cfg = load_config("bible_es_en", "cpu")
     cfg.hardware.apply()
-    tokenizer = cfg.task.load_tokenizer()
+    tokenizer = cfg.model.load_tokenizer()
     target, _ = load_pair(cfg.model, tokenizer.vocab_info.size, with_draft=False)
     encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
     source, layout = pad([encode(cfg.task.split("test")[0].source)], 0)

@@ -34,7 +34,7 @@ from specbeam.apps.data import target_prompt_len, tokenize_pairs
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import translate_texts
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import cast_draft, load_model, num_parameters
+from specbeam.integration.models import ModelPairConfig, cast_draft, load_model, num_parameters
 from specbeam.search.head import DraftHead
 from specbeam.training.agreement import measure_agreement
 
@@ -104,7 +104,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     task = TaskConfig()
-    tokenizer = task.load_tokenizer()
+    tokenizer = ModelPairConfig().load_tokenizer()
     vocab = tokenizer.vocab_info
     dev = task.split("dev")
     target = load_model(Path(args.target).expanduser())

@@ -24,7 +24,7 @@ from specbeam.apps.data import TokenizedPair, pad, target_prompt_len, tokenize_p
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import target_prompt
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import load_model
+from specbeam.integration.models import ModelPairConfig, load_model
 from specbeam.paths import REPO_ROOT
 from specbeam.training.agreement import measure_agreement
 
@@ -40,7 +40,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     task = TaskConfig()
-    tokenizer = task.load_tokenizer()
+    tokenizer = ModelPairConfig().load_tokenizer()
     target = load_model(Path(args.target).expanduser())
     draft = load_model(Path(args.draft).expanduser(), target=target)
     pairs = tokenize_pairs(

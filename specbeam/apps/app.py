@@ -17,7 +17,7 @@ from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration import entry_point
-from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.integration.models import ModelPairConfig, open_pair
 from specbeam.paths import REPO_ROOT
 
 R = TypeVar("R")
@@ -40,19 +40,17 @@ class PipelineConfig:
         self.decoding.validate()
         if self.decoding.speculative and self.model.draft is None:
             raise ValueError(
-                f"decoding={self.decoding.name} is speculative but model.draft is null: "
+                f"decoding={self.decoding.name} is speculative but model.draft is none: "
                 "set model.draft, or use a non-speculative decoding (beam, greedy)"
             )
-        tokenizer = self.task.load_tokenizer()
-        target, draft = load_pair(
-            self.model, tokenizer.vocab_info.size, with_draft=self.decoding.speculative,
-            draft_dtype=self.hardware.draft_torch_dtype,
+        pair = open_pair(
+            self.model, self.task.src_lang, self.task.tgt_lang,
+            with_draft=self.decoding.speculative, draft_dtype=self.hardware.draft_torch_dtype,
         )  # fmt: skip
-        target.to(self.hardware.target_torch_dtype)
-        generator = make_generator(
-            self.decoding, target, draft, tokenizer.vocab_info, self.hardware
-        )
-        return tokenizer, generator
+        pair.target.to(self.hardware.target_torch_dtype)
+        vocab = pair.tokenizer.vocab_info
+        generator = make_generator(self.decoding, pair.target, pair.draft, vocab, self.hardware)
+        return pair.tokenizer, generator
 
 
 def command_line_settings(group: str) -> set[str]:

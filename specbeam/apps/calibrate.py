@@ -51,7 +51,7 @@ from specbeam.apps.data import pad
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import Draft, ModelPairConfig, load_pair
+from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.paths import REPO_ROOT
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.runtime import Runtime
@@ -404,11 +404,11 @@ def calibrate(cfg: CalibrateConfig) -> Path:
         raise ValueError(
             f"draft_widths={bad} is invalid: must be ≥ beam_size ({decoding.beam_size})"
         )
-    tokenizer = cfg.task.load_tokenizer()
-    target, draft = load_pair(
-        cfg.model, tokenizer.vocab_info.size, with_draft=True,
+    pair = open_pair(
+        cfg.model, cfg.task.src_lang, cfg.task.tgt_lang, with_draft=True,
         draft_dtype=cfg.hardware.draft_torch_dtype,
     )  # fmt: skip
+    tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
     assert draft is not None
     sources = [p.source for p in cfg.task.split(cfg.split)[: cfg.sample]]
     with torch.inference_mode():

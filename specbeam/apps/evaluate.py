@@ -31,7 +31,7 @@ from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import ModelPairConfig, load_pair
+from specbeam.integration.models import ModelPairConfig, open_pair
 from specbeam.paths import REPO_ROOT
 
 matplotlib.use("Agg")
@@ -160,11 +160,11 @@ def evaluate(cfg: EvaluateConfig) -> None:
     out = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     cfg.hardware.apply()
     decodings = [cfg.hardware.tune(load_decoding(name)) for name in cfg.methods]
-    tokenizer = cfg.task.load_tokenizer()
-    target, draft = load_pair(
-        cfg.model, tokenizer.vocab_info.size, with_draft=any(d.speculative for d in decodings),
-        draft_dtype=cfg.hardware.draft_torch_dtype,
+    pair = open_pair(
+        cfg.model, cfg.task.src_lang, cfg.task.tgt_lang,
+        with_draft=any(d.speculative for d in decodings), draft_dtype=cfg.hardware.draft_torch_dtype,
     )  # fmt: skip
+    tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
     if cfg.every < 1:
         raise ValueError(f"every={cfg.every} is invalid: must be ≥ 1")
     pairs = cfg.task.split(cfg.split)[:: cfg.every][: cfg.limit or None]

@@ -1,7 +1,8 @@
 """fairseq2 asset cards for specbeam checkpoints, so fairseq2's hubs load them by name.
 
     python -m specbeam.cards OUT.yaml NAME=CHECKPOINT [NAME=CHECKPOINT ...] \\
-        [--tokenizer SPM_MODEL --langs spa_Latn,eng_Latn --default-lang eng_Latn]
+        [--tokenizer SPM_MODEL --langs spa_Latn,eng_Latn --default-lang eng_Latn
+         | --tokenizer-of CARD]
 
 Paths in the cards are relative to the card file, so a card directory moves with its
 checkpoints. A draft trained over its target's encoder (`shallow_over`) has no encoder
@@ -16,20 +17,13 @@ import argparse
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Final
 
-import fairseq2.models
 import torch
 import yaml
-from fairseq2.assets import AssetCard
-from fairseq2.assets.store import get_asset_store
-from fairseq2.models.transformer import TransformerModel
 
-from specbeam.integration.models import Draft, ModelArch, load_model
+from specbeam.integration.hub import DRAFT_HEAD_FAMILY, SHALLOW_DRAFT_FAMILY
+from specbeam.integration.models import ModelArch
 from specbeam.search.head import HEAD_KIND
-
-SHALLOW_DRAFT_FAMILY: Final = "specbeam_shallow_draft"
-DRAFT_HEAD_FAMILY: Final = "specbeam_draft_head"
 
 
 def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]:
@@ -46,28 +40,6 @@ def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]
         "model_config": _plain(config),
         "checkpoint": os.path.relpath(checkpoint.resolve(), card_dir.resolve()),
     }
-
-
-def own_draft_path(card: AssetCard) -> Path | None:
-    """The checkpoint of a draft only specbeam can build over its target (a
-    `specbeam_shallow_draft` or `specbeam_draft_head` card); None for any other card."""
-    if card.field("model_family").as_(str) not in (SHALLOW_DRAFT_FAMILY, DRAFT_HEAD_FAMILY):
-        return None
-    return card.field("checkpoint").as_uri().to_path()
-
-
-def load_draft(name: str, target: TransformerModel) -> Draft:
-    """A draft by asset card name, in its target's data type: fairseq2's hub loads a
-    model of a fairseq2 family; a shallow draft is completed with `target`'s encoder,
-    a head with the target's modules it reads."""
-    dtype = next(target.parameters()).dtype
-    path = own_draft_path(get_asset_store().retrieve_card(name))
-    if path is not None:
-        return load_model(path, dtype, target=target)
-    draft = fairseq2.models.load_model(name, dtype=dtype)
-    if not isinstance(draft, TransformerModel):
-        raise TypeError(f"draft {name} is a {type(draft).__name__}, not a TransformerModel")
-    return draft.eval()
 
 
 def tokenizer_fields(spm: Path, card_dir: Path, langs: list[str], default_lang: str) -> dict:
@@ -101,6 +73,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, help="SentencePiece model for every card")
     parser.add_argument("--langs", default="spa_Latn,eng_Latn")
     parser.add_argument("--default-lang", default="eng_Latn")
+    parser.add_argument(
+        "--tokenizer-of", metavar="CARD", help="use the tokenizer of this card (e.g. the target's)"
+    )
     args = parser.parse_args()
     card_dir = args.out.parent
     cards = []
@@ -110,6 +85,8 @@ def main() -> None:
         if args.tokenizer:
             langs = args.langs.split(",")
             card.update(tokenizer_fields(args.tokenizer, card_dir, langs, args.default_lang))
+        elif args.tokenizer_of:
+            card["tokenizer_ref"] = args.tokenizer_of  # fairseq2's reference to another card
         cards.append(card)
     write_cards(args.out, cards)
     print(f"wrote {len(cards)} cards to {args.out}")

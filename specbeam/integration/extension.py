@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Final, final
 
 from fairseq2.assets import AssetStore
-from fairseq2.composition import register_file_assets
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.data.tokenizers.hub import GlobalTokenizerLoader
 from fairseq2.gang import Gangs
@@ -50,14 +49,14 @@ from fairseq2.utils.validation import ValidationResult
 from omegaconf import OmegaConf
 from torch.nn import Module
 
-from specbeam.integration.cards import own_draft_path
+from specbeam.integration.hub import own_draft_path
 from specbeam.integration.models import (
     Draft,
     check_same_pieces,
     check_same_vocabulary,
     load_model,
 )
-from specbeam.paths import REPO_ROOT, config_file
+from specbeam.paths import config_file
 from specbeam.search.config import (
     MachineSettings,
     SearchSettings,
@@ -270,10 +269,8 @@ def _gen_len(max_gen_len: int | tuple[float, int]) -> tuple[float, int]:
 
 def register_specbeam(container: DependencyContainer) -> None:
     """Registers the `speculative_beam_search`, `speculative_greedy` and
-    `speculative_sampling` Seq2SeqGenerators, and the embedded tasks' asset cards
-    (`tasks/*/cards/`), so their models and tokenizers load by name."""
-    for cards in sorted((REPO_ROOT / "tasks").glob("*/cards")):
-        register_file_assets(container, cards, not_exist_ok=True)
+    `speculative_sampling` Seq2SeqGenerators (the entry point registers the embedded
+    tasks' asset cards)."""
 
     def create_factory(
         resolver: DependencyResolver,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, final
 
 import torch
+from fairseq2.assets import AssetStore
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.data.tokenizers.sentencepiece import SentencePieceModel
 from fairseq2.models.nllb import NllbConfig, NllbFactory, create_nllb_model
@@ -19,7 +22,17 @@ from fairseq2.models.transformer import (
     create_default_sdpa,
 )
 
-from specbeam.paths import REPO_ROOT
+from specbeam.integration.hub import (
+    asset_store,
+    check_checkpoint,
+    check_language,
+    is_path,
+    load_card_model,
+    load_card_tokenizer,
+    own_draft_path,
+    repo_path,
+    retrieve_card,
+)
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
 
 Draft = TransformerModel | DraftHead
@@ -138,10 +151,59 @@ def save_model(
 
 
 def save_head(head: DraftHead, path: Path, dtype: torch.dtype) -> None:
-    """The head's own weights only; the target's modules it reads come with the target."""
+    """The head's own weights only; the target's modules it reads come with the target,
+    so the target's fingerprint is stored to refuse any other at load time."""
     ckpt = head.checkpoint()
     ckpt["model"] = {k: v.to(dtype) for k, v in ckpt["model"].items()}
+    ckpt["target"] = target_fingerprint(head)
     atomic_save(ckpt, path)
+
+
+class HeadTargetMismatch(ValueError):
+    """A draft head loaded over a target other than the one it was trained over."""
+
+
+_SAMPLES = 16
+_FINGERPRINT_TOL = 0.01
+
+
+def target_fingerprint(model: TransformerModel | DraftHead) -> dict[str, Any]:
+    """What identifies a target: its sizes, and the root mean square and a few sampled
+    values of the weights a head reads from it (output projection, encoder). A head
+    exposes the same modules as its target, so it has the same fingerprint."""
+    encoder = list(model.encoder.named_parameters())
+    weights = {"final_proj": model.final_proj.weight}
+    weights |= {f"encoder.{name}": p for name, p in (encoder[0], encoder[-1])}
+    stats = {}
+    for name, weight in weights.items():
+        flat = weight.detach().double().flatten()
+        picks = torch.linspace(0, flat.numel() - 1, _SAMPLES).long()
+        stats[name] = [float(flat.square().mean().sqrt()), *flat[picks].tolist()]
+    config = {
+        "model_dim": model.model_dim,
+        "vocab_size": model.final_proj.output_dim,
+        "pad_idx": model.pad_idx,
+        "encoder_layers": len(model.encoder.layers),
+        "max_target_seq_len": model.max_target_seq_len,
+    }
+    return {"config": config, "weights": stats}
+
+
+def same_target(stored: dict[str, Any], actual: dict[str, Any]) -> bool:
+    """Equal sizes, and weights equal up to a cast (bf16 rounds by 0.4 % at most)."""
+    if stored["config"] != actual["config"] or stored["weights"].keys() != actual["weights"].keys():
+        return False
+    for name, (rms, *values) in actual["weights"].items():
+        for a, b in zip(stored["weights"][name][1:], values, strict=True):
+            if abs(a - b) > _FINGERPRINT_TOL * (abs(b) + rms):
+                return False
+    return True
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    """A short name for a fingerprint, for messages."""
+    rounded = json.dumps(fingerprint, sort_keys=True, default=lambda x: f"{x:.2g}")
+    return hashlib.sha256(rounded.encode()).hexdigest()[:12]
 
 
 def load_model(
@@ -154,10 +216,20 @@ def load_model(
     if ckpt.get("kind") == HEAD_KIND:
         if target is None:
             raise ValueError(f"{path} is a draft head: load it as part of a model pair")
+        stored, actual = ckpt.get("target"), target_fingerprint(target)
+        if stored is not None and not same_target(stored, actual):
+            raise HeadTargetMismatch(
+                f"{path} stores target fingerprint {fingerprint_digest(stored)}, this "
+                f"target's is {fingerprint_digest(actual)}"
+            )
         try:
             return load_head(ckpt, target).cast(dtype)
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
+        except RuntimeError:  # a head saved without a fingerprint, over another size
+            raise HeadTargetMismatch(
+                f"{path} has weights of another size than this target's"
+            ) from None
     arch = ModelArch(**ckpt["arch"])
     if not ckpt.get("shares_encoder", False):
         model = build_model(arch)
@@ -177,15 +249,90 @@ def load_model(
 
 
 @dataclass(kw_only=True)
-class ModelPairConfig:
-    """A target and its draft, by checkpoint path (relative to the repository), or
-    "random" for untrained models of `random_arch` sizes (pipeline checks only)."""
+class TargetConfig:
+    """A target model by asset card name or checkpoint path (relative to the repository
+    unless absolute); its tokenizer is its card's."""
+
+    target: str = "bible_es_en_target"
+    tokenizer: str | None = None
+    """The card whose tokenizer to use; None: the target's card (a target given as a
+    checkpoint path or "random" needs one)."""
+    asset_dirs: list[str] = field(default_factory=list)
+    """Directories of asset cards (relative to the repository unless absolute), besides
+    fairseq2's, FAIRSEQ2_USER_ASSET_DIR's and the embedded tasks'."""
+
+    def tokenizer_card(self) -> str:
+        if self.tokenizer is not None:
+            return self.tokenizer
+        if self.target == "random" or is_path(self.target):
+            raise ValueError(
+                f"model.target={self.target} is not an asset card, so it names no tokenizer: "
+                "set model.tokenizer to the card whose tokenizer the target uses"
+            )
+        return self.target
+
+    def load_tokenizer(self, store: AssetStore | None = None) -> Tokenizer:
+        """The tokenizer of `tokenizer`'s card, else of the target's."""
+        setting = "model.tokenizer" if self.tokenizer is not None else "model.target"
+        store = store or asset_store(self.asset_dirs)
+        return load_card_tokenizer(store, setting, self.tokenizer_card())
+
+
+@dataclass(kw_only=True)
+class ModelPairConfig(TargetConfig):
+    """A target and its draft, each by asset card name or checkpoint path, or "random"
+    for untrained models of `random_arch` sizes (pipeline checks only)."""
 
     name: str = "bible_es_en"
-    target: str = "tasks/bible_es_en/models/target.pt"
-    draft: str | None = "tasks/bible_es_en/models/head.pt"
+    draft: str | None = "bible_es_en_head"
+    """None (or "none"): no draft; only plain decodings run."""
     random_target_arch: ModelArch | None = None
     random_draft_arch: ModelArch | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft is not None and self.draft.lower() == "none":
+            self.draft = None
+
+
+@dataclass
+class LoadedPair:
+    tokenizer: Tokenizer
+    target: TransformerModel
+    draft: Draft | None
+
+
+def open_pair(
+    cfg: ModelPairConfig,
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    with_draft: bool,
+    draft_dtype: torch.dtype = torch.float32,
+) -> LoadedPair:
+    """The tokenizer (which must know both languages), the target, and the draft when a
+    speculative method will run."""
+    store = asset_store(cfg.asset_dirs)
+    if cfg.target != "random" and not is_path(cfg.target):
+        check_checkpoint(retrieve_card(store, "model.target", cfg.target), "model.target")
+    card = cfg.tokenizer_card()
+    tokenizer = cfg.load_tokenizer(store)
+    check_language(tokenizer, "task.src_lang", src_lang, "source", card)
+    check_language(tokenizer, "task.tgt_lang", tgt_lang, "target", card)
+    target, draft = load_pair(
+        cfg, tokenizer.vocab_info.size, with_draft=with_draft, draft_dtype=draft_dtype, store=store
+    )
+    if draft is not None and cfg.draft != "random" and not is_path(cfg.draft or ""):
+        # A draft card that names its tokenizer must use the target's pieces.
+        draft_card = retrieve_card(store, "model.draft", cfg.draft or "")
+        if any(draft_card.maybe_get_field(f) is not None for f in ("tokenizer", "tokenizer_ref")):
+            draft_tokenizer = load_card_tokenizer(store, "model.draft", draft_card.name)
+            try:
+                check_same_pieces(tokenizer, draft_tokenizer)
+            except ValueError as error:
+                raise ValueError(
+                    f"model.draft={cfg.draft} does not fit model.target={cfg.target}: {error}"
+                ) from None
+    return LoadedPair(tokenizer, target, draft)
 
 
 def load_pair(
@@ -194,46 +341,81 @@ def load_pair(
     *,
     with_draft: bool,
     draft_dtype: torch.dtype = torch.float32,
-    root: Path = REPO_ROOT,
+    store: AssetStore | None = None,
 ) -> tuple[TransformerModel, Draft | None]:
     """Loads the target, and the draft when a speculative method will run."""
-    target = _load_one(cfg.target, cfg.random_target_arch, root, vocab_size, seed=0)
-    assert isinstance(target, TransformerModel)  # a head cannot load without one
-    draft = None
-    if with_draft:
-        if cfg.draft is None:
-            raise ValueError(f"model={cfg.name} has no draft, but a speculative decoding needs one")
-        draft = cast_draft(
-            _load_one(cfg.draft, cfg.random_draft_arch, root, vocab_size, seed=1, target=target),
-            target,
-            draft_dtype,
-        )
-        check_same_vocabulary(target, draft)
-    return target, draft
+    store = store or asset_store(cfg.asset_dirs)
+    if cfg.target == "random":
+        target = _random_model("model.target", cfg.random_target_arch, vocab_size, seed=0)
+    else:
+        target = load_target(cfg.target, store)
+    if not with_draft:
+        return target, None
+    if cfg.draft is None:
+        raise ValueError(f"model={cfg.name} has no draft, but a speculative decoding needs one")
+    if cfg.draft == "random":
+        draft: Draft = _random_model("model.draft", cfg.random_draft_arch, vocab_size, seed=1)
+    else:
+        draft = load_draft(cfg.draft, target, store, target_spec=cfg.target)
+    return target, cast_draft(draft, target, draft_dtype)
 
 
-def _load_one(
-    spec: str,
-    arch: ModelArch | None,
-    root: Path,
-    vocab_size: int,
-    seed: int,
-    target: TransformerModel | None = None,
-) -> Draft:
-    if spec == "random":
-        if arch is None:
-            raise ValueError("model: 'random' needs random_target_arch / random_draft_arch")
-        torch.manual_seed(seed)
-        arch = ModelArch(**{**asdict(arch), "vocab_size": vocab_size})
-        return build_model(arch).eval()
-    path = Path(spec).expanduser()
-    path = path if path.is_absolute() else root / path
+def _random_model(setting: str, arch: ModelArch | None, vocab_size: int, seed: int) -> Any:
+    if arch is None:
+        raise ValueError(f"{setting}=random needs random_target_arch / random_draft_arch")
+    torch.manual_seed(seed)
+    return build_model(ModelArch(**{**asdict(arch), "vocab_size": vocab_size})).eval()
+
+
+def _checkpoint(setting: str, spec: str) -> Path:
+    path = repo_path(spec)
     if not path.exists():
         raise FileNotFoundError(
-            f"model checkpoint not found: {path} (tasks/bible_es_en/README.md says how to build "
-            "the embedded pair; model=tiny_random runs the pipeline with untrained models)"
+            f"{setting}={spec}: checkpoint not found: {path} (tasks/bible_es_en/README.md "
+            "says how to build the embedded pair; model=tiny_random runs the pipeline with "
+            "untrained models)"
         )
-    return load_model(path, target=target)
+    return path
+
+
+def load_target(spec: str, store: AssetStore | None = None) -> TransformerModel:
+    """The target, by asset card name (through fairseq2's model hub) or checkpoint path
+    (`save_model`'s), in fp32."""
+    store = store or asset_store()
+    if not is_path(spec):
+        return load_card_model(
+            retrieve_card(store, "model.target", spec), "model.target", torch.float32
+        )
+    return load_model(_checkpoint("model.target", spec))
+
+
+def load_draft(
+    spec: str, target: TransformerModel, store: AssetStore | None = None, *, target_spec: str = ""
+) -> Draft:
+    """A draft by asset card name or checkpoint path, in its target's data type: a model
+    of a fairseq2 family through fairseq2's model hub, a draft decoder over the target's
+    encoder or a draft head over its states built over `target`. It must share the
+    target's vocabulary, and a head must have been trained over this target."""
+    store = store or asset_store()
+    dtype = next(target.parameters()).dtype
+    where = f"model.draft={spec} does not fit model.target={target_spec or '(given)'}"
+    if is_path(spec):
+        path: Path | None = _checkpoint("model.draft", spec)
+    else:
+        card = retrieve_card(store, "model.draft", spec)
+        path = own_draft_path(card)
+        if path is None:
+            draft: Draft = load_card_model(card, "model.draft", dtype)
+    if path is not None:
+        try:
+            draft = load_model(path, dtype, target=target)
+        except HeadTargetMismatch as error:
+            raise ValueError(f"{where}: a draft head made for another target ({error})") from None
+    try:
+        check_same_vocabulary(target, draft)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    return draft
 
 
 def check_same_vocabulary(target: TransformerModel, draft: Draft) -> None:

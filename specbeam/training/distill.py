@@ -1,7 +1,8 @@
 """Sequence-level distillation data: the target's beam-search translations of the
 training sources, written chunk by chunk (resumable, shardable), then merged.
 
-    python -m specbeam.distill model.target=~/.cache/specbeam/target/best.pt shard=0/2
+    python -m specbeam.distill model.target=~/.cache/specbeam/target/best.pt \
+        model.tokenizer=bible_es_en_target shard=0/2
     python -m specbeam.distill ... shard=1/2          # another process or machine
     python -m specbeam.distill ... merge_only=true     # -> out_dir/train.tsv
 

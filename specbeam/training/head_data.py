@@ -23,7 +23,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from specbeam.apps.data import TokenizedPair, teacher_forcing, token_batches
-from specbeam.integration.models import atomic_save, load_model
+from specbeam.integration.models import atomic_save
 from specbeam.search.head import check_feature_layers
 from specbeam.search.tree_attention import tapping
 from specbeam.training.teacher import fingerprint
@@ -174,6 +174,7 @@ def _fill(
 def load_or_compute(
     path: Path,
     target_path: Path,
+    target: TransformerModel,
     pairs: Sequence[TokenizedPair],
     pad_idx: int,
     k: int,
@@ -182,8 +183,9 @@ def load_or_compute(
     bf16: bool = True,
     feature_layers: tuple[int, ...] = (),
 ) -> HeadData:
-    """Reuses `path` when it was computed from the same data, target and k, over the
-    layers `feature_layers` or more; a stale file is recomputed, never silently used."""
+    """Reuses `path` when it was computed from the same data, target (`target_path`, the
+    checkpoint `target` was loaded from) and k, over the layers `feature_layers` or more;
+    a stale file is recomputed, never silently used."""
     key = fingerprint(pairs, target_path, k) + f":{prompt_len}"
     if path.exists():
         saved = torch.load(path, weights_only=True)
@@ -193,7 +195,6 @@ def load_or_compute(
             log.info("target states and top-%d from %s", k, path)
             return HeadData(**saved).select(feature_layers)
         log.warning("%s was computed from other data, target, k or fewer layers: recomputing", path)
-    target = load_model(target_path).eval()
     data = compute_head_data(
         target, pairs, pad_idx, k, prompt_len=prompt_len, bf16=bf16, feature_layers=feature_layers
     )

@@ -36,7 +36,7 @@ from specbeam.apps.data import (
     tokenize_pairs,
 )
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import atomic_save, load_model
+from specbeam.integration.models import ModelPairConfig, atomic_save, load_model
 
 log = logging.getLogger("specbeam.teacher")
 
@@ -141,6 +141,6 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(args.threads)
     task = TaskConfig()
-    tokenizer = task.load_tokenizer()
+    tokenizer = ModelPairConfig().load_tokenizer()
     pairs = tokenize_pairs(read_tsv(args.pairs), tokenizer, task.src_lang, task.tgt_lang)
     load_or_compute(args.out, args.teacher, pairs, tokenizer.vocab_info.pad_idx or 0, args.k)

@@ -29,6 +29,7 @@ from specbeam.apps.inference import translate_texts
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import (
     ModelArch,
+    ModelPairConfig,
     atomic_save,
     build_model,
     build_shallow_draft,
@@ -46,6 +47,8 @@ log = logging.getLogger("specbeam.train")
 class TrainConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     arch: ModelArch = field(default_factory=ModelArch)
+    tokenizer: str = "bible_es_en_target"
+    """The asset card whose tokenizer the model is trained with."""
     out_dir: str = "~/.cache/specbeam/target"
     train_targets: str | None = None
     """A TSV whose targets replace the references (sequence-level distillation)."""
@@ -111,7 +114,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out_dir).expanduser()
-        self.tokenizer = cfg.task.load_tokenizer()
+        self.tokenizer = ModelPairConfig(tokenizer=cfg.tokenizer).load_tokenizer()
         self.pad_idx = self.tokenizer.vocab_info.pad_idx or 0
         train_pairs = cfg.task.split("train")
         if cfg.train_targets:

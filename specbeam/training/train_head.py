@@ -26,16 +26,24 @@ from pathlib import Path
 import hydra
 import matplotlib
 import torch
+from fairseq2.assets import AssetStore
 from fairseq2.models.transformer import TransformerModel
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 from torch import Tensor
 from torch.nn.functional import log_softmax, smooth_l1_loss, softmax
 from tqdm import tqdm
 
+from specbeam.apps.app import run_app
 from specbeam.apps.data import read_tsv, target_prompt_len, token_batches, tokenize_pairs
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import atomic_save, load_model, save_head
+from specbeam.integration.hub import asset_store, is_path, repo_path, retrieve_card
+from specbeam.integration.models import (
+    TargetConfig,
+    atomic_save,
+    load_model,
+    load_target,
+    save_head,
+)
 from specbeam.paths import REPO_ROOT
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.lean_decoder import (
@@ -43,6 +51,7 @@ from specbeam.search.lean_decoder import (
     cross_keys,
     decoder_layer,
     final_norm,
+    lean_problem,
     padding_bias,
 )
 from specbeam.search.tree_attention import embed_at
@@ -58,7 +67,8 @@ log = logging.getLogger("specbeam.train_head")
 @dataclass(kw_only=True)
 class TrainHeadConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
-    target: str = "tasks/bible_es_en/models/target.pt"
+    model: TargetConfig = field(default_factory=TargetConfig)
+    """The target the head drafts for (`model.target=`: an asset card or a checkpoint)."""
     data: str = "~/.cache/specbeam/distill/train.tsv"
     """The target's translations of the training sources (`python -m specbeam.distill`)."""
     data_cache: str = "~/.cache/specbeam/distill/head_states.pt"
@@ -200,7 +210,8 @@ class HeadTrainer:
     def __init__(self, cfg: TrainHeadConfig) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out_dir).expanduser()
-        tokenizer = cfg.task.load_tokenizer()
+        store = asset_store(cfg.model.asset_dirs)
+        tokenizer = cfg.model.load_tokenizer(store)
         self.pad_idx = tokenizer.vocab_info.pad_idx or 0
         data_path = Path(cfg.data).expanduser()
         if not data_path.exists():
@@ -210,9 +221,17 @@ class HeadTrainer:
                 "2 cores)"
             )
         pairs = tokenize_pairs(read_tsv(data_path), tokenizer, cfg.task.src_lang, cfg.task.tgt_lang)
-        target_path = _repo_path(cfg.target)
+        target = load_target(cfg.model.target, store)
+        problem = lean_problem(target.decoder)
+        if problem is not None:
+            raise ValueError(
+                f"model.target={cfg.model.target}: a draft head trains on the lean decoder, "
+                f"which cannot run this target's ({problem})"
+            )
+        target.requires_grad_(False)
         self.data: HeadData = head_data.load_or_compute(
-            Path(cfg.data_cache).expanduser(), target_path, pairs, self.pad_idx, cfg.top_k,
+            Path(cfg.data_cache).expanduser(), checkpoint_file(cfg.model.target, store), target, pairs,
+            self.pad_idx, cfg.top_k,
             prompt_len=target_prompt_len(tokenizer, cfg.task.tgt_lang), bf16=cfg.bf16,
             feature_layers=tuple(cfg.feature_layers),
         )  # fmt: skip
@@ -220,11 +239,9 @@ class HeadTrainer:
         random.Random(cfg.seed).shuffle(order)
         self.valid_rows = sorted(order[: cfg.valid_pairs])
         self.train_rows = sorted(order[cfg.valid_pairs :])
-        target = load_model(target_path)
-        target.requires_grad_(False)
         layers = tuple(cfg.feature_layers)
         if cfg.init:
-            self.head = init_head(_repo_path(cfg.init), target, layers)
+            self.head = init_head(repo_path(cfg.init), target, layers)
         else:
             self.head = DraftHead(
                 target, HeadArch(num_layers=cfg.num_layers, feature_layers=layers)
@@ -399,11 +416,15 @@ def init_head(path: Path, target: TransformerModel, layers: tuple[int, ...]) -> 
     return head
 
 
-def _repo_path(spec: str) -> Path:
-    path = Path(spec).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
+def checkpoint_file(spec: str, store: AssetStore) -> Path:
+    """The checkpoint of a target given by path or asset card (what its states' cache is
+    keyed by)."""
+    if is_path(spec):
+        return repo_path(spec)
+    card = retrieve_card(store, "model.target", spec)
+    return card.field("checkpoint").as_uri().to_path()
 
 
 @hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="train_head")
 def main(cfg: TrainHeadConfig) -> None:
-    HeadTrainer(OmegaConf.to_object(cfg)).run()
+    run_app(lambda c: HeadTrainer(c).run(), cfg)

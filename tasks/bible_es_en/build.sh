@@ -31,12 +31,12 @@ for step in $STEPS; do
     distill)  # the shipped target's beam-5 translations of the training sources, two
       # shards of one thread each (about 50 minutes on an idle 2-core machine)
       for shard in 0 1; do
-        $PY -m specbeam.distill model.target="$DISTILL_TARGET" model.draft=null decoding=beam \
-          hardware.target_dtype=bfloat16 hardware.batch_tokens=4096 hardware.threads=1 \
+        $PY -m specbeam.distill model.target="$DISTILL_TARGET" model.draft=none decoding=beam \
+          model.tokenizer=bible_es_en_target hardware.target_dtype=bfloat16 hardware.batch_tokens=4096 hardware.threads=1 \
           shard=$shard/2 out_dir="$CACHE/distill" hydra.run.dir="$CACHE/distill/hydra$shard" &
       done
       wait
-      $PY -m specbeam.distill model.target="$DISTILL_TARGET" merge_only=true \
+      $PY -m specbeam.distill model.target="$DISTILL_TARGET" model.tokenizer=bible_es_en_target merge_only=true \
         out_dir="$CACHE/distill" hydra.run.dir="$CACHE/distill/hydra" ;;
     teacher)  # the shipped target's top 16 at every position of that data, for both drafts
       $PY -m specbeam.teacher "$TARGET" "$CACHE/distill/train.tsv" "$CACHE/distill/teacher_top16.pt" ;;
@@ -50,7 +50,7 @@ for step in $STEPS; do
         out_dir="$CACHE/draft_shallow_kd" "${common[@]}" hydra.run.dir="$CACHE/draft_shallow_kd/hydra"
       wait ;;
     head)  # a draft head over the shipped target's states, on the same translations
-      $PY -m specbeam.train_head target=tasks/bible_es_en/models/target.pt \
+      $PY -m specbeam.train_head model.target=bible_es_en_target \
         data="$CACHE/distill/train.tsv" data_cache="$CACHE/distill/head_states.pt" \
         out_dir="$CACHE/head" time_budget_minutes="$HEAD_MINUTES" hydra.run.dir="$CACHE/head/hydra" ;;
     ship)

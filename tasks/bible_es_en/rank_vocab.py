@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import atomic_save
+from specbeam.integration.models import ModelPairConfig, atomic_save
 from specbeam.search.head import HEAD_KIND
 from specbeam.training.vocab import ranked_tokens
 
@@ -26,7 +26,7 @@ def add_ranking(head: Path) -> None:
     if ckpt.get("kind") != HEAD_KIND:
         raise SystemExit(f"error: {head} is not a draft head checkpoint")
     task = TaskConfig()
-    encode = task.load_tokenizer().create_raw_encoder()  # the text's tokens, no tags
+    encode = ModelPairConfig().load_tokenizer().create_raw_encoder()  # the text's tokens, no tags
     ckpt["vocab"] = ranked_tokens((p.target for p in task.split("train")), encode)
     atomic_save(ckpt, head)
     print(f"{head}: {len(ckpt['vocab'])} ranked tokens")

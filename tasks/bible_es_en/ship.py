@@ -63,8 +63,9 @@ def main() -> None:
         if draft_name == "bible_es_en_head":
             add_ranking(draft_file)
     task = TaskConfig()
-    spm = task.path(task.tokenizer)
-    tokenizer = tokenizer_fields(spm, cards_dir, list(task.langs), task.tgt_lang)
+    spm = HERE / "spm.model"
+    langs = [task.src_lang, task.tgt_lang]
+    tokenizer = tokenizer_fields(spm, cards_dir, langs, task.tgt_lang)
     cards = [{**model_card("bible_es_en_target", models / "target.pt", cards_dir), **tokenizer}]
     if args.draft:
         cards.append({**model_card(draft_name, draft_file, cards_dir), **tokenizer})

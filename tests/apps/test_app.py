@@ -80,12 +80,12 @@ def build_error(*overrides: str) -> str:
         ),
         (
             ["model.draft=null"],
-            "decoding=spec_beam is speculative but model.draft is null: set model.draft, "
+            "decoding=spec_beam is speculative but model.draft is none: set model.draft, "
             "or use a non-speculative decoding (beam, greedy)",
         ),
         (
             ["model.draft=/nonexistent/draft.pt"],
-            "model checkpoint not found: /nonexistent/draft.pt",
+            "model.draft=/nonexistent/draft.pt: checkpoint not found: /nonexistent/draft.pt",
         ),
     ],
 )

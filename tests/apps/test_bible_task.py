@@ -15,7 +15,7 @@ from fairseq2.models import load_model
 from specbeam.apps.data import read_tsv
 from specbeam.apps.inference import translate_texts
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.cards import load_draft
+from specbeam.integration.models import ModelPairConfig, load_draft
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.stats import SpecStats
 
@@ -50,7 +50,7 @@ def test_committed_splits_are_disjoint_by_book() -> None:
 
 
 def test_tokenizer_has_fairseq2_special_indices() -> None:
-    tokenizer = TaskConfig().load_tokenizer()
+    tokenizer = ModelPairConfig().load_tokenizer()
     info = tokenizer.vocab_info
     assert (info.size, info.pad_idx, info.unk_idx, info.bos_idx, info.eos_idx) == (8000, 0, 1, 2, 3)
     encoder = tokenizer.create_encoder(lang="spa_Latn", mode="source")

@@ -26,7 +26,7 @@ def test_peak_cache_of_each_method_is_its_own() -> None:
             OmegaConf.load(REPO_ROOT / "conf/model/tiny_random.yaml"),
         )
     )
-    tokenizer = task.load_tokenizer()
+    tokenizer = pair.load_tokenizer()
     vocab = tokenizer.vocab_info
     target, draft = load_pair(pair, vocab.size, with_draft=True)
 

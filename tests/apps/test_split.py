@@ -20,7 +20,7 @@ from specbeam.apps.inference import translate_texts
 from specbeam.apps.split import Splitter, join, sentence_language
 from specbeam.apps.task import TaskConfig
 from specbeam.apps.translate import TranslateConfig, translate_chunk
-from specbeam.integration.models import build_model
+from specbeam.integration.models import ModelPairConfig, build_model
 from tests.conftest import TARGET_ARCH
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ PARAGRAPH = " ".join(p.source for p in DEV[:8])  # Song of Solomon 1:1-8, 290 pi
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return TaskConfig().load_tokenizer()
+    return ModelPairConfig().load_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,8 @@ from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.inference import encodable
 from specbeam.apps.split import Splitter, join
-from specbeam.apps.task import TaskConfig
 from specbeam.apps.translate import TranslateConfig, translate_chunk
-from specbeam.integration.models import build_model
+from specbeam.integration.models import ModelPairConfig, build_model
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
 REPO = Path(__file__).resolve().parents[2]
@@ -279,7 +278,7 @@ class _Recorder:
 def fuzz_pipeline():
     """The SentencePiece tokenizer of the embedded task and tiny untrained models that
     accept 48 source tokens (so long lines get truncated)."""
-    tokenizer = TaskConfig().load_tokenizer()
+    tokenizer = ModelPairConfig().load_tokenizer()
     size = tokenizer.vocab_info.size
     torch.manual_seed(0)
     target = build_model(replace(TARGET_ARCH, vocab_size=size, max_seq_len=48)).eval()

@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import (
+    HeadTargetMismatch,
     ModelArch,
     ModelPairConfig,
     build_model,
@@ -19,8 +19,13 @@ from specbeam.integration.models import (
     load_model,
     load_pair,
     num_parameters,
+    same_target,
+    save_head,
     save_model,
+    target_fingerprint,
 )
+from specbeam.paths import REPO_ROOT
+from specbeam.search.head import DraftHead, HeadArch
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
 
@@ -77,17 +82,16 @@ def test_tokenizers_with_different_pieces_are_refused(tmp_path) -> None:
     from fairseq2.models.nllb import NllbTokenizerConfig, load_nllb_tokenizer
     from sentencepiece import sentencepiece_model_pb2
 
-    task = TaskConfig()
     proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(task.path(task.tokenizer).read_bytes())
+    proto.ParseFromString((REPO_ROOT / "tasks/bible_es_en/spm.model").read_bytes())
     a, b = proto.pieces[100].piece, proto.pieces[101].piece
     proto.pieces[100].piece, proto.pieces[101].piece = b, a
     (tmp_path / "swapped.model").write_bytes(proto.SerializeToString())
-    config = NllbTokenizerConfig(langs=list(task.langs), default_lang=task.tgt_lang)
+    config = NllbTokenizerConfig(langs=["spa_Latn", "eng_Latn"], default_lang="eng_Latn")
     swapped = load_nllb_tokenizer(tmp_path / "swapped.model", config)
-    ours = task.load_tokenizer()
+    ours = ModelPairConfig().load_tokenizer()
     assert swapped.vocab_info == ours.vocab_info
-    check_same_pieces(ours, task.load_tokenizer())
+    check_same_pieces(ours, ModelPairConfig().load_tokenizer())
     first = min(ours._model.token_to_index(a), ours._model.token_to_index(b))
     want_ours, want_theirs = (a, b) if ours._model.token_to_index(a) == first else (b, a)
     message = (
@@ -108,3 +112,26 @@ def test_tied_weights_are_stored_once(tmp_path) -> None:
     assert tied, "the NLLB architecture ties its embeddings and output projection"
     for keys in tied:
         assert len({saved[k].data_ptr() for k in keys}) == 1, keys
+
+
+def test_a_head_stores_its_targets_fingerprint(tmp_path, tiny_target) -> None:
+    """A head loads over its own target (also cast to bf16), never over another, and a
+    head saved before fingerprints still loads."""
+    target = copy.deepcopy(tiny_target)
+    save_head(DraftHead(target, HeadArch(num_layers=1)), tmp_path / "head.pt", torch.float32)
+    assert same_target(torch.load(tmp_path / "head.pt")["target"], target_fingerprint(target))
+    assert isinstance(load_model(tmp_path / "head.pt", target=target), DraftHead)
+    assert isinstance(
+        load_model(tmp_path / "head.pt", target=copy.deepcopy(target).to(torch.bfloat16)), DraftHead
+    )
+    torch.manual_seed(9)
+    other = build_model(TARGET_ARCH)
+    with pytest.raises(
+        HeadTargetMismatch,
+        match=r"head.pt stores target fingerprint \w{12}, this target's is \w{12}",
+    ):
+        load_model(tmp_path / "head.pt", target=other)
+    ckpt = torch.load(tmp_path / "head.pt")
+    del ckpt["target"]
+    torch.save(ckpt, tmp_path / "old.pt")
+    assert isinstance(load_model(tmp_path / "old.pt", target=other), DraftHead)

@@ -9,8 +9,7 @@ import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.generation.text import TextTranslator
 
-from specbeam.apps.task import TaskConfig
-from specbeam.integration.models import build_model
+from specbeam.integration.models import ModelPairConfig, build_model
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
@@ -21,7 +20,7 @@ SENTENCES = [
 
 
 def test_text_translator_with_language_prefix_matches_beam_search() -> None:
-    tokenizer = TaskConfig().load_tokenizer()  # NLLB family, langs spa_Latn and eng_Latn
+    tokenizer = ModelPairConfig().load_tokenizer()  # NLLB family, langs spa_Latn and eng_Latn
     size = tokenizer.vocab_info.size
     torch.manual_seed(0)
     target = build_model(dataclasses.replace(TARGET_ARCH, vocab_size=size)).eval()

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import yaml
 
 from specbeam.apps.data import TokenizedPair, pad
-from specbeam.integration.models import save_head
+from specbeam.integration.cards import tokenizer_fields
+from specbeam.integration.models import TargetConfig, save_head
+from specbeam.integration.transformer import TransformerConfig, create_transformer_model
+from specbeam.paths import REPO_ROOT
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
 from specbeam.training.head_data import HeadData, compute_head_data
-from specbeam.training.train_head import head_loss, init_head, unrolled_states
+from specbeam.training.train_head import (
+    HeadTrainer,
+    TrainHeadConfig,
+    head_loss,
+    init_head,
+    unrolled_states,
+)
 from tests.conftest import synthetic_pair, train_head_briefly
 
 
@@ -140,3 +152,24 @@ def test_training_lowers_the_loss_and_raises_agreement(tiny_target, data) -> Non
     for b, a in zip(before, after, strict=True):
         assert a.summary()["loss"] < b.summary()["loss"]
         assert a.summary()["top1"] > b.summary()["top1"] + 0.2
+
+
+def test_a_target_the_lean_decoder_cannot_run_is_refused_by_card(tmp_path) -> None:
+    """A post-norm `transformer` target, by card: one line naming the target and why."""
+    config = TransformerConfig(
+        model_dim=32, vocab_size=8000, num_encoder_layers=1, num_decoder_layers=1,
+        num_encoder_attn_heads=2, num_decoder_attn_heads=2, ffn_inner_dim=64,
+    )  # fmt: skip
+    torch.save({"model": create_transformer_model(config).state_dict()}, tmp_path / "t.pt")
+    spm = REPO_ROOT / "tasks/bible_es_en/spm.model"
+    card = {"name": "post_norm", "model_family": "transformer",
+            "model_config": dataclasses.asdict(config), "checkpoint": "t.pt",
+            **tokenizer_fields(spm, tmp_path, ["spa_Latn", "eng_Latn"], "eng_Latn")}  # fmt: skip
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(card))
+    (tmp_path / "data.tsv").write_text("a\tHola\tHello\n")
+    cfg = TrainHeadConfig(
+        model=TargetConfig(target="post_norm", asset_dirs=[str(tmp_path)]),
+        data=str(tmp_path / "data.tsv"), data_cache=str(tmp_path / "states.pt"),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^model.target=post_norm: a draft head trains on the lean decoder, which cannot run this target's \(no final StandardLayerNorm\)$"):  # fmt: skip
+        HeadTrainer(cfg)
