@@ -114,10 +114,10 @@ class Models:
     @staticmethod
     def load(cfg: EvaluateConfig) -> Models:
         cfg.hardware.apply()
-        pair = open_pair(
+        pair = cfg.hardware.place(open_pair(
             cfg.model, cfg.task.src_lang, cfg.task.tgt_lang, with_draft=True,
             draft_dtype=cfg.hardware.draft_torch_dtype,
-        )  # fmt: skip
+        ))  # fmt: skip
         return Models(cfg, pair.tokenizer, pair.target, pair.draft)
 
     def generator(self, d: DecodingConfig) -> Seq2SeqGenerator:

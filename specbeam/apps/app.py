@@ -43,11 +43,10 @@ class PipelineConfig:
                 f"decoding={self.decoding.name} is speculative but model.draft is none: "
                 "set model.draft, or use a non-speculative decoding (beam, greedy)"
             )
-        pair = open_pair(
+        pair = self.hardware.place(open_pair(
             self.model, self.task.src_lang, self.task.tgt_lang,
             with_draft=self.decoding.speculative, draft_dtype=self.hardware.draft_torch_dtype,
-        )  # fmt: skip
-        pair.target.to(self.hardware.target_torch_dtype)
+        ))  # fmt: skip
         vocab = pair.tokenizer.vocab_info
         generator = make_generator(self.decoding, pair.target, pair.draft, vocab, self.hardware)
         return pair.tokenizer, generator

@@ -404,10 +404,10 @@ def calibrate(cfg: CalibrateConfig) -> Path:
         raise ValueError(
             f"draft_widths={bad} is invalid: must be ≥ beam_size ({decoding.beam_size})"
         )
-    pair = open_pair(
+    pair = cfg.hardware.place(open_pair(
         cfg.model, cfg.task.src_lang, cfg.task.tgt_lang, with_draft=True,
         draft_dtype=cfg.hardware.draft_torch_dtype,
-    )  # fmt: skip
+    ))  # fmt: skip
     tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
     assert draft is not None
     sources = [p.source for p in cfg.task.split(cfg.split)[: cfg.sample]]

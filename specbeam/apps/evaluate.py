@@ -160,10 +160,10 @@ def evaluate(cfg: EvaluateConfig) -> None:
     out = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     cfg.hardware.apply()
     decodings = [cfg.hardware.tune(load_decoding(name)) for name in cfg.methods]
-    pair = open_pair(
+    pair = cfg.hardware.place(open_pair(
         cfg.model, cfg.task.src_lang, cfg.task.tgt_lang,
         with_draft=any(d.speculative for d in decodings), draft_dtype=cfg.hardware.draft_torch_dtype,
-    )  # fmt: skip
+    ))  # fmt: skip
     tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
     if cfg.every < 1:
         raise ValueError(f"every={cfg.every} is invalid: must be ≥ 1")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import OmegaConf
 
+from specbeam.integration.models import LoadedPair
 from specbeam.paths import config_file
 from specbeam.search import onednn
 from specbeam.search.config import MachineSettings
@@ -77,6 +78,14 @@ class HardwareConfig(MachineSettings):
     @property
     def target_torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.target_dtype]
+
+    def place(self, pair: LoadedPair) -> LoadedPair:
+        """The pair on this machine's device, the target in its precision (the draft's
+        was chosen at loading)."""
+        pair.target.to(device=self.device, dtype=self.target_torch_dtype)
+        if pair.draft is not None:
+            pair.draft.to(device=self.device)
+        return pair
 
     def tune(self, decoding: DecodingConfig, keep: Collection[str] = ()) -> DecodingConfig:
         """`decoding` with this machine's calibrated settings for its name, if any, but
