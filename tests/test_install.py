@@ -25,7 +25,14 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
 
 
 def build_wheel(tmp_path: Path) -> Path:
-    """Built from a copy, so the build leaves no `build/` or egg-info in the checkout."""
+    """Built from a copy, so the build leaves no `build/` or egg-info in the checkout, by
+    this environment's setuptools (no build isolation: no network)."""
+    import setuptools
+
+    major = int(setuptools.__version__.split(".")[0])
+    assert major >= 77, (
+        "pyproject.toml needs setuptools>=77 (the [test] extra): run scripts/setup.sh"
+    )
     src = tmp_path / "src"
     src.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "train.tsv", "*.png")
