@@ -43,12 +43,13 @@ from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
-from specbeam.paths import REPO_ROOT
 from specbeam.search.planner import LinearCost, PassShape
 from specbeam.search.runtime import Runtime
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # scripts run from a checkout
 
 
 @dataclass(frozen=True)

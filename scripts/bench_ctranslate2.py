@@ -39,10 +39,11 @@ from bench import Models, load_config  # noqa: E402
 
 from specbeam.apps.decoding import load_decoding  # noqa: E402
 from specbeam.apps.inference import encode_sources, target_prompt  # noqa: E402
-from specbeam.paths import REPO_ROOT  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # scripts run from a checkout
 
 try:
     import ctranslate2

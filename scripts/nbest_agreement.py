@@ -25,8 +25,9 @@ from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import target_prompt
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, load_model
-from specbeam.paths import REPO_ROOT
 from specbeam.training.agreement import measure_agreement
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # scripts run from a checkout
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ from specbeam.apps.decoding import load_decoding
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.split import Splitter
 from specbeam.apps.translate import TranslateConfig, translate_chunk
-from specbeam.paths import REPO_ROOT
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # scripts run from a checkout
 
 SYSTEMS = ("split", "verses", "whole")
 

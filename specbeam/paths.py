@@ -1,14 +1,46 @@
-"""Where the repository is: task files and configs are found relative to it."""
+"""Where specbeam's shipped files are, and how the paths of a setting resolve.
+
+The shipped files are the Hydra configs (`conf/`) and the embedded task's files
+(`tasks/bible_es_en/`: cards, models, tokenizer, data). An installed wheel keeps them in
+the package directory (`site-packages/specbeam/conf`, `.../specbeam/tasks`); a checkout
+keeps them at the top of the repository. A path a user gives resolves against the working
+directory; a shipped config names its own files as `${specbeam:tasks/...}`, which resolves
+against the shipped files' home, wherever the package is.
+"""
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from omegaconf import OmegaConf
+
+
+def _home() -> Path:
+    package = Path(__file__).resolve().parent
+    return package if (package / "conf").is_dir() else package.parent
+
+
+SHIPPED = _home()
+"""The directory holding `conf/` and `tasks/`."""
+
+
+def shipped(relative: str) -> Path:
+    """A shipped file or directory, e.g. `tasks/bible_es_en/models/target.pt`."""
+    return SHIPPED / relative
+
+
+def user_path(spec: str) -> Path:
+    """A path a user gave: relative to the working directory unless absolute (`~` expanded)."""
+    path = Path(spec).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
 
 
 def config_file(group: str, name: str) -> Path:
     """`conf/<group>/<name>.yaml`; a ValueError naming the ones there if it is not."""
-    path = REPO_ROOT / "conf" / group / f"{name}.yaml"
+    path = SHIPPED / "conf" / group / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
         raise ValueError(f"{group}={name} is unknown; allowed: {known}")
     return path
+
+
+# Registered on import, so every config specbeam composes or loads can use it.
+OmegaConf.register_new_resolver("specbeam", lambda relative: str(shipped(relative)), replace=True)

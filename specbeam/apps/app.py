@@ -18,7 +18,7 @@ from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, open_pair
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 
 R = TypeVar("R")
 
@@ -104,7 +104,7 @@ def before_hydra(argv: Sequence[str]) -> None:
     entry_point.skip_generators()
 
 
-def check_group_choices(argv: Sequence[str], conf_dir: Path = REPO_ROOT / "conf") -> None:
+def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") -> None:
     """Ends the process with one line when an override picks a config that does not
     exist (`decoding=nope`), naming the ones that do; Hydra would print a dozen lines."""
     for arg in argv:

@@ -52,7 +52,7 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED, shipped, user_path
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.runtime import Runtime
 from specbeam.search.slots import SlotTable
@@ -224,8 +224,10 @@ class CalibrateConfig:
     model: ModelPairConfig = field(default_factory=ModelPairConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     name: str = "calibrated"
-    """Writes conf/hardware/<name>.yaml (the current hardware config plus `tuned`)."""
-    hardware_dir: str = "conf/hardware"
+    """Writes <hardware_dir>/<name>.yaml (the current hardware config plus `tuned`)."""
+    hardware_dir: str = str(shipped("conf/hardware"))
+    """The shipped configs' hardware group by default, where `hardware=<name>` finds it; a
+    relative path is relative to the working directory."""
     method: str = "spec_beam"
     """The speculative decoding to tune (conf/decoding/<method>.yaml); plain beam search
     of its beam size is the baseline. Not `decoding=`: that is the apps' config group."""
@@ -386,8 +388,7 @@ def write_hardware(
         f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
         *([f"# {kept}."] if kept else []),
     ]
-    path = Path(cfg.hardware_dir)
-    path = (path if path.is_absolute() else REPO_ROOT / path) / f"{cfg.name}.yaml"
+    path = user_path(cfg.hardware_dir) / f"{cfg.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     body = OmegaConf.to_yaml(OmegaConf.structured(hw))
     path.write_text("\n".join(header) + "\n" + body)
@@ -427,6 +428,6 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     return path
 
 
-@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="calibrate")
+@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="calibrate")
 def main(cfg: CalibrateConfig) -> None:
     run_app(calibrate, cfg)

@@ -32,7 +32,7 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, open_pair
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -200,7 +200,7 @@ def evaluate(cfg: EvaluateConfig) -> None:
     print(f"\nBLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}\nresults: {out}")
 
 
-@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="evaluate")
+@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="evaluate")
 def main(cfg: EvaluateConfig) -> None:
     run_app(evaluate, cfg)
 

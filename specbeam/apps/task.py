@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbeam.apps.data import Pair, read_columns, read_parallel_files
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import shipped, user_path
 
 
 @dataclass(kw_only=True)
@@ -21,18 +21,14 @@ class TaskConfig:
     src_lang: str = "spa_Latn"
     """The source language code, as the target's tokenizer spells it (NLLB: `spa_Latn`)."""
     tgt_lang: str = "eng_Latn"
-    data_dir: str = "tasks/bible_es_en/data"
-    """The splits' directory: `<split>.tsv` files, or plain files (`text_suffixes`)."""
+    data_dir: str = str(shipped("tasks/bible_es_en/data"))
+    """The splits' directory: `<split>.tsv` files, or plain files (`text_suffixes`);
+    relative to the working directory."""
     columns: list[str] = field(default_factory=lambda: ["ref", "spa_Latn", "eng_Latn"])
     """The TSV's columns, in order; those named `src_lang` and `tgt_lang` are used."""
     text_suffixes: list[str] | None = None
     """[source, target], e.g. [es, en]: a split is two plain files, `<split>.es` and
     `<split>.en`, paired line by line; None: a TSV."""
-
-    def path(self, relative: str) -> Path:
-        """Task paths are relative to the repository unless absolute."""
-        p = Path(relative).expanduser()
-        return p if p.is_absolute() else REPO_ROOT / p
 
     def split(self, name: str) -> list[Pair]:
         if self.text_suffixes is None:
@@ -46,7 +42,7 @@ class TaskConfig:
         return read_parallel_files(source, target, name)
 
     def _split_file(self, split: str, suffix: str) -> Path:
-        path = self.path(self.data_dir) / f"{split}.{suffix}"
+        path = user_path(self.data_dir) / f"{split}.{suffix}"
         if not path.exists():
             raise FileNotFoundError(
                 f"task {self.name}: split '{split}' not found at {path} (task.data_dir)"

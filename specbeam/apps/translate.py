@@ -41,7 +41,7 @@ from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.inference import Translation, translate_nbest
 from specbeam.apps.split import Split, Splitter, flatten, join
 from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines, stream_lines
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 from specbeam.search.stats import SpeculativeGeneratorOutput
 
 log = logging.getLogger("specbeam.translate")
@@ -348,7 +348,7 @@ def line_record(line: int, split: Split, pieces: list[dict], seconds: list[float
     return record
 
 
-@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="translate")
+@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="translate")
 def main(cfg: TranslateConfig) -> None:
     run_app(translate, cfg)
 

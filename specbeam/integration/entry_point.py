@@ -14,7 +14,7 @@ from fairseq2.composition import register_file_assets
 from fairseq2.runtime.dependency import DependencyContainer
 
 from specbeam.integration.transformer import register_transformer_family
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 
 _register = True
 
@@ -29,7 +29,7 @@ def skip_generators() -> None:
 
 def register_specbeam(container: DependencyContainer) -> None:
     """fairseq2's extension function (see `specbeam.integration.extension`)."""
-    for cards in sorted((REPO_ROOT / "tasks").glob("*/cards")):
+    for cards in sorted((SHIPPED / "tasks").glob("*/cards")):
         register_file_assets(container, cards, not_exist_ok=True)
     register_transformer_family(container)
     if _register:

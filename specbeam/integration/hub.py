@@ -34,7 +34,7 @@ from fairseq2.models.family import ModelFamilyNotKnownError, ModelGatedError
 from fairseq2.models.transformer import TransformerModel
 from fairseq2.runtime.dependency import get_dependency_resolver, wire_object
 
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import user_path
 
 SHALLOW_DRAFT_FAMILY: Final = "specbeam_shallow_draft"
 DRAFT_HEAD_FAMILY: Final = "specbeam_draft_head"
@@ -51,7 +51,7 @@ def asset_store(dirs: Sequence[str] = ()) -> AssetStore:
     loader = resolver.resolve(FileAssetMetadataLoader)
     providers = [p for s in resolver.collection.resolve(AssetMetadataSource) for p in s.load()]
     for d in dirs:
-        path = repo_path(d)
+        path = user_path(d)
         try:
             providers.append(loader.load(path))
         except AssetSourceNotFoundError:
@@ -61,12 +61,6 @@ def asset_store(dirs: Sequence[str] = ()) -> AssetStore:
         return StandardAssetStore(providers, default_env=env)
     except AssetMetadataError as error:
         raise ValueError(f"model.asset_dirs: {error}") from None
-
-
-def repo_path(spec: str) -> Path:
-    """A path relative to the repository unless absolute (`~` expanded)."""
-    path = Path(spec).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def is_path(spec: str) -> bool:

@@ -30,9 +30,9 @@ from specbeam.integration.hub import (
     load_card_model,
     load_card_tokenizer,
     own_draft_path,
-    repo_path,
     retrieve_card,
 )
+from specbeam.paths import user_path
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
 
 Draft = TransformerModel | DraftHead
@@ -250,15 +250,15 @@ def load_model(
 
 @dataclass(kw_only=True)
 class TargetConfig:
-    """A target model by asset card name or checkpoint path (relative to the repository
-    unless absolute); its tokenizer is its card's."""
+    """A target model by asset card name or checkpoint path (relative to the working
+    directory unless absolute); its tokenizer is its card's."""
 
     target: str = "bible_es_en_target"
     tokenizer: str | None = None
     """The card whose tokenizer to use; None: the target's card (a target given as a
     checkpoint path or "random" needs one)."""
     asset_dirs: list[str] = field(default_factory=list)
-    """Directories of asset cards (relative to the repository unless absolute), besides
+    """Directories of asset cards (relative to the working directory unless absolute), besides
     fairseq2's, FAIRSEQ2_USER_ASSET_DIR's and the embedded tasks'."""
 
     def tokenizer_card(self) -> str:
@@ -368,7 +368,7 @@ def _random_model(setting: str, arch: ModelArch | None, vocab_size: int, seed: i
 
 
 def _checkpoint(setting: str, spec: str) -> Path:
-    path = repo_path(spec)
+    path = user_path(spec)
     if not path.exists():
         raise FileNotFoundError(
             f"{setting}={spec}: checkpoint not found: {path} (tasks/bible_es_en/README.md "

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
 from specbeam.apps.inference import translate_texts
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 
 log = logging.getLogger("specbeam.distill")
 
@@ -86,7 +86,7 @@ def translate_chunks(cfg: DistillConfig, out: Path, chunks: list) -> None:
         os.replace(tmp, path)  # a chunk file is complete or absent
 
 
-@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="distill")
+@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="distill")
 def main(cfg: DistillConfig) -> None:
     run_app(distill, cfg)
 

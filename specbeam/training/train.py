@@ -37,7 +37,7 @@ from specbeam.integration.models import (
     num_parameters,
     save_model,
 )
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 from specbeam.training.teacher import TeacherTopK, load_or_compute
 
 log = logging.getLogger("specbeam.train")
@@ -306,6 +306,6 @@ class Trainer:
             last_ckpt = time.monotonic()
 
 
-@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="train")
+@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="train")
 def main(cfg: TrainConfig) -> None:
     Trainer(OmegaConf.to_object(cfg)).run()

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from specbeam.apps.app import run_app
 from specbeam.apps.data import read_tsv, target_prompt_len, token_batches, tokenize_pairs
 from specbeam.apps.task import TaskConfig
-from specbeam.integration.hub import asset_store, is_path, repo_path, retrieve_card
+from specbeam.integration.hub import asset_store, is_path, retrieve_card
 from specbeam.integration.models import (
     TargetConfig,
     atomic_save,
@@ -44,7 +44,7 @@ from specbeam.integration.models import (
     load_target,
     save_head,
 )
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED, user_path
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.lean_decoder import (
     KeysWith,
@@ -241,7 +241,7 @@ class HeadTrainer:
         self.train_rows = sorted(order[cfg.valid_pairs :])
         layers = tuple(cfg.feature_layers)
         if cfg.init:
-            self.head = init_head(repo_path(cfg.init), target, layers)
+            self.head = init_head(user_path(cfg.init), target, layers)
         else:
             self.head = DraftHead(
                 target, HeadArch(num_layers=cfg.num_layers, feature_layers=layers)
@@ -420,11 +420,11 @@ def checkpoint_file(spec: str, store: AssetStore) -> Path:
     """The checkpoint of a target given by path or asset card (what its states' cache is
     keyed by)."""
     if is_path(spec):
-        return repo_path(spec)
+        return user_path(spec)
     card = retrieve_card(store, "model.target", spec)
     return card.field("checkpoint").as_uri().to_path()
 
 
-@hydra.main(version_base=None, config_path=str(REPO_ROOT / "conf"), config_name="train_head")
+@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="train_head")
 def main(cfg: TrainHeadConfig) -> None:
     run_app(lambda c: HeadTrainer(c).run(), cfg)

@@ -19,16 +19,16 @@ from specbeam.apps.app import check_group_choices, command_line_settings, run_ap
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.inference import translate_texts
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 
 BASE = ["model=tiny_random", "hardware.threads=1"]
-DECODINGS = ", ".join(sorted(p.stem for p in (REPO_ROOT / "conf" / "decoding").glob("*.yaml")))
+DECODINGS = ", ".join(sorted(p.stem for p in (SHIPPED / "conf" / "decoding").glob("*.yaml")))
 
 
 def build_error(*overrides: str) -> str:
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
         cfg = compose("translate", overrides=[*BASE, *overrides])
     with pytest.raises(SystemExit) as exit_info:
         run_app(lambda c: c.build(), cfg)
@@ -96,7 +96,7 @@ def test_bad_setting_is_one_line(overrides: list[str], expected: str) -> None:
 def test_non_speculative_decoding_leaves_the_draft_unloaded() -> None:
     """model.draft names a file that does not exist: beam search never opens it."""
     draft = ["model.draft=/nonexistent/draft.pt"]
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
         beam = compose("translate", overrides=[*BASE, *draft, "decoding=beam"])
         spec = compose("translate", overrides=[*BASE, "decoding=spec_beam"])
     _, generator = run_app(lambda c: c.build(), beam)
@@ -131,7 +131,7 @@ def test_known_names_and_other_overrides_pass() -> None:
 def test_unknown_decoding_ends_the_app_with_one_line(tmp_path) -> None:
     cmd = [sys.executable, "-m", "specbeam.translate", "decoding=nope", "model=tiny_random",
            f"hydra.run.dir={tmp_path}"]  # fmt: skip
-    result = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(cmd, cwd=SHIPPED, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         f"error: decoding=nope is unknown; allowed: {DECODINGS}"
@@ -144,7 +144,7 @@ def test_unknown_decoding_ends_the_app_with_one_line(tmp_path) -> None:
 )
 def test_sampling_decodings_are_reproducible_with_their_seed(decoding: str, kind: type) -> None:
     """The seed is set when the generator is built, so a rerun draws the same samples."""
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
         cfg = compose(
             "translate", overrides=[*BASE, f"decoding={decoding}", "decoding.max_gen_len=[0.5,4]"]
         )
@@ -182,6 +182,6 @@ def test_slurm_jobs_ask_for_the_cpus_their_threads_use(
     app: str, overrides: list, cpus: int
 ) -> None:
     """conf/hydra/launcher/slurm.yaml: cpus_per_task follows the app's threads."""
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
         cfg = compose(app, ["hydra/launcher=slurm", *overrides], return_hydra_config=True)
     assert instantiate(cfg.hydra.launcher).params["cpus_per_task"] == cpus

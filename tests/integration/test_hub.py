@@ -21,12 +21,12 @@ from specbeam.apps.inference import translate_texts
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
 from specbeam.integration.models import ModelArch, build_model, save_head, save_model
 from specbeam.integration.transformer import TransformerConfig, create_transformer_model
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead, HeadArch
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
-SPM = REPO_ROOT / "tasks/bible_es_en/spm.model"
+SPM = SHIPPED / "tasks/bible_es_en/spm.model"
 LANGS = ["spa_Latn", "eng_Latn"]
 SIZE = 8000  # the embedded tokenizer's vocabulary: the tiny models' here
 TEXTS = ["En el principio crió Dios los cielos y la tierra.", "Y dijo Dios: Sea la luz."]
@@ -86,7 +86,7 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     entries.append({"name": "no_checkpoint", "model_family": "nllb", **tokenizer})
     # fairseq2 resolves an inherited relative path against the leaf card: give the files.
     shipped = {
-        "checkpoint": str(REPO_ROOT / "tasks/bible_es_en/models/target.pt"),
+        "checkpoint": str(SHIPPED / "tasks/bible_es_en/models/target.pt"),
         "tokenizer": str(SPM),
     }
     entries.append({"name": "shipped_target_again", "base": "bible_es_en_target", **shipped})
@@ -95,7 +95,7 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _build(cards: Path, *overrides: str) -> tuple:
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
         cfg = compose(
             "translate",
             overrides=["hardware.threads=1", f"model.asset_dirs=[{cards}]", *overrides],
@@ -220,7 +220,7 @@ def test_user_asset_dir_cards_in_a_command(cards: Path, tmp_path: Path) -> None:
            "model.draft=none", "decoding=greedy", "decoding.max_gen_len=[0.5,4]",
            "hardware.threads=1", f"hydra.run.dir={tmp_path}"]  # fmt: skip
     result = subprocess.run(
-        cmd, input=TEXTS[0] + "\n", cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        cmd, input=TEXTS[0] + "\n", cwd=SHIPPED, env=env, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -24,7 +24,7 @@ from specbeam.integration.models import (
     save_model,
     target_fingerprint,
 )
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 from specbeam.search.head import DraftHead, HeadArch
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
@@ -83,7 +83,7 @@ def test_tokenizers_with_different_pieces_are_refused(tmp_path) -> None:
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString((REPO_ROOT / "tasks/bible_es_en/spm.model").read_bytes())
+    proto.ParseFromString((SHIPPED / "tasks/bible_es_en/spm.model").read_bytes())
     a, b = proto.pieces[100].piece, proto.pieces[101].piece
     proto.pieces[100].piece, proto.pieces[101].piece = b, a
     (tmp_path / "swapped.model").write_bytes(proto.SerializeToString())

@@ -12,7 +12,7 @@ from specbeam.apps.data import TokenizedPair, pad
 from specbeam.integration.cards import tokenizer_fields
 from specbeam.integration.models import TargetConfig, save_head
 from specbeam.integration.transformer import TransformerConfig, create_transformer_model
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
@@ -161,7 +161,7 @@ def test_a_target_the_lean_decoder_cannot_run_is_refused_by_card(tmp_path) -> No
         num_encoder_attn_heads=2, num_decoder_attn_heads=2, ffn_inner_dim=64,
     )  # fmt: skip
     torch.save({"model": create_transformer_model(config).state_dict()}, tmp_path / "t.pt")
-    spm = REPO_ROOT / "tasks/bible_es_en/spm.model"
+    spm = SHIPPED / "tasks/bible_es_en/spm.model"
     card = {"name": "post_norm", "model_family": "transformer",
             "model_config": dataclasses.asdict(config), "checkpoint": "t.pt",
             **tokenizer_fields(spm, tmp_path, ["spa_Latn", "eng_Latn"], "eng_Latn")}  # fmt: skip
