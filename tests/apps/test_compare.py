@@ -8,7 +8,7 @@ from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, load_pair
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 
 SOURCES = ["En el principio crió Dios los cielos y la tierra.", "Y dijo Dios: Sea la luz.", "Amén."]
 
@@ -17,13 +17,13 @@ def test_peak_cache_of_each_method_is_its_own() -> None:
     task = OmegaConf.to_object(
         OmegaConf.merge(
             OmegaConf.structured(TaskConfig),
-            OmegaConf.load(REPO_ROOT / "conf/task/bible_es_en.yaml"),
+            OmegaConf.load(SHIPPED / "conf/task/bible_es_en.yaml"),
         )
     )
     pair = OmegaConf.to_object(
         OmegaConf.merge(
             OmegaConf.structured(ModelPairConfig),
-            OmegaConf.load(REPO_ROOT / "conf/model/tiny_random.yaml"),
+            OmegaConf.load(SHIPPED / "conf/model/tiny_random.yaml"),
         )
     )
     tokenizer = pair.load_tokenizer()
