@@ -1,8 +1,11 @@
 """Trains a draft head (`specbeam/search/head.py`) on the target's own translations;
 resumable, time-budgeted, with a curves PNG.
 
-    python -m specbeam.train_head data=~/.cache/specbeam/distill/train.tsv \
+    python -m specbeam.train_head model.target=<card> data=~/.cache/specbeam/distill/train.tsv \
         out_dir=~/.cache/specbeam/head time_budget_minutes=60
+
+The target and the task are those `python -m specbeam.distill` made `data` with (README,
+"A draft head for your own model").
 
 The target's states and top-k distributions are computed once (`head_data.py`). Each
 position is trained for `unroll` drafting steps: step 0 reads the target's state of the
