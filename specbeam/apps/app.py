@@ -106,15 +106,28 @@ def before_hydra(argv: Sequence[str]) -> None:
 
 def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") -> None:
     """Ends the process with one line when an override picks a config that does not
-    exist (`decoding=nope`), naming the ones that do; Hydra would print a dozen lines."""
+    exist (`decoding=nope`), naming the ones that do; Hydra would print a dozen lines.
+    Directories of `hydra.searchpath=[file://DIR,…]` count too: a calibrated hardware
+    config may live outside the repository (`calibrate hardware_dir=DIR/hardware`)."""
+    dirs = [conf_dir, *searchpath_dirs(argv)]
     for arg in argv:
         group, sep, value = arg.partition("=")
-        options = conf_dir / group
-        if not sep or not group.isidentifier() or not options.is_dir():
+        if not sep or not group.isidentifier() or not (conf_dir / group).is_dir():
             continue
-        allowed = sorted(p.stem for p in options.glob("*.yaml"))
+        allowed = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         for choice in value.split(","):  # a multirun sweeps over several
             if choice not in allowed and "(" not in choice:
                 raise SystemExit(
                     f"error: {group}={choice} is unknown; allowed: {', '.join(allowed)}"
                 )
+
+
+def searchpath_dirs(argv: Sequence[str]) -> list[Path]:
+    """The local directories of a `hydra.searchpath=[file://DIR,…]` override."""
+    dirs = []
+    for arg in argv:
+        name, _, value = arg.partition("=")
+        if name.lstrip("+") == "hydra.searchpath":
+            entries = (e.strip().strip("'\"") for e in value.strip("[]").split(","))
+            dirs += [Path(e.removeprefix("file://")) for e in entries if e.startswith("file://")]
+    return dirs

@@ -377,7 +377,8 @@ def write_hardware(
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
-        f"# model={cfg.model.name}, threads={hw.threads}, draft {hw.draft_dtype}, "
+        f"# model.target={cfg.model.target}, model.draft={cfg.model.draft} (costs are this "
+        f"pair's), threads={hw.threads}, draft {hw.draft_dtype}, "
         f"{cfg.sample} {cfg.split} sentences at batch 1, medians of {cfg.repeats} timed calls.",
         f"# target call = {plan.target.a:.2f} + {plan.target.b:.3f}·T ms, draft call = "
         f"{plan.draft.a:.2f} + {plan.draft.b:.3f}·T ms, beam {k} step = {cal.fairseq2_step_ms:.2f} ms "

@@ -11,6 +11,7 @@ With a draft in `model` and a speculative `decoding`, the output is the same and
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -49,6 +50,7 @@ def distill(cfg: DistillConfig) -> None:
     out = Path(cfg.out_dir).expanduser()
     pairs = cfg.task.split(cfg.split)
     chunks = [pairs[i : i + cfg.chunk_size] for i in range(0, len(pairs), cfg.chunk_size)]
+    check_origin(cfg, out)
     if not cfg.merge_only:
         translate_chunks(cfg, out, chunks)
     missing = [c for c in range(len(chunks)) if not chunk_path(out, c).exists()]
@@ -62,6 +64,36 @@ def distill(cfg: DistillConfig) -> None:
             f.write(chunk_path(out, c).read_text(encoding="utf-8"))
     os.replace(tmp, merged)
     log.info("wrote %s (%d pairs)", merged, len(pairs))
+
+
+def origin(cfg: DistillConfig) -> dict[str, object]:
+    """What a chunk's lines depend on: the target, the task's side and the chunking."""
+    task = cfg.task
+    return {
+        "target": cfg.model.target, "tokenizer": cfg.model.tokenizer_card(),
+        "data_dir": str(task.path(task.data_dir)), "split": cfg.split,
+        "src_lang": task.src_lang, "tgt_lang": task.tgt_lang, "chunk_size": cfg.chunk_size,
+    }  # fmt: skip
+
+
+def check_origin(cfg: DistillConfig, out: Path) -> None:
+    """Chunks are resumed by file name, so an `out_dir` already holding another target's
+    or task's chunks (the default one, used before for another model) would be merged
+    into this one's data unnoticed: refuse it, and record this run's origin."""
+    path = out / "chunks" / "origin.json"
+    wanted = origin(cfg)
+    if path.exists():
+        found = json.loads(path.read_text(encoding="utf-8"))
+        if found != wanted:
+            differ = ", ".join(f"{k} {found.get(k)} (not {v})" for k, v in wanted.items()
+                               if found.get(k) != v)  # fmt: skip
+            raise ValueError(
+                f"out_dir={cfg.out_dir} holds chunks of another distillation: {differ}; "
+                "give another out_dir, or remove that one"
+            )
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(wanted, indent=1) + "\n", encoding="utf-8")
 
 
 def translate_chunks(cfg: DistillConfig, out: Path, chunks: list) -> None:

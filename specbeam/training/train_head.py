@@ -1,8 +1,11 @@
 """Trains a draft head (`specbeam/search/head.py`) on the target's own translations;
 resumable, time-budgeted, with a curves PNG.
 
-    python -m specbeam.train_head data=~/.cache/specbeam/distill/train.tsv \
+    python -m specbeam.train_head model.target=<card> data=~/.cache/specbeam/distill/train.tsv \
         out_dir=~/.cache/specbeam/head time_budget_minutes=60
+
+The target and the task are those `python -m specbeam.distill` made `data` with (README,
+"A draft head for your own model").
 
 The target's states and top-k distributions are computed once (`head_data.py`). Each
 position is trained for `unroll` drafting steps: step 0 reads the target's state of the
@@ -217,8 +220,9 @@ class HeadTrainer:
         if not data_path.exists():
             raise FileNotFoundError(
                 f"{data_path}: the target's translations of the training sources are missing; "
-                "`tasks/bible_es_en/build.sh` step `distill` makes them (about 50 minutes on "
-                "2 cores)"
+                f"`python -m specbeam.distill model.target={cfg.model.target} model.draft=none "
+                "decoding=beam` makes them (the embedded pair's: `tasks/bible_es_en/build.sh` "
+                "step `distill`)"
             )
         pairs = tokenize_pairs(read_tsv(data_path), tokenizer, cfg.task.src_lang, cfg.task.tgt_lang)
         target = load_target(cfg.model.target, store)
@@ -227,6 +231,11 @@ class HeadTrainer:
             raise ValueError(
                 f"model.target={cfg.model.target}: a draft head trains on the lean decoder, "
                 f"which cannot run this target's ({problem})"
+            )
+        if len(pairs) <= cfg.valid_pairs:
+            raise ValueError(
+                f"valid_pairs={cfg.valid_pairs} leaves none of the {len(pairs)} pairs of "
+                f"{data_path} to train on: hold out fewer"
             )
         target.requires_grad_(False)
         self.data: HeadData = head_data.load_or_compute(

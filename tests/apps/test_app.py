@@ -185,3 +185,13 @@ def test_slurm_jobs_ask_for_the_cpus_their_threads_use(
     with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
         cfg = compose(app, ["hydra/launcher=slurm", *overrides], return_hydra_config=True)
     assert instantiate(cfg.hydra.launcher).params["cpus_per_task"] == cpus
+
+
+def test_configs_on_the_searchpath_are_known(tmp_path) -> None:
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware/calibrated_here.yaml").write_text("name: calibrated_here\n")
+    searchpath = f"hydra.searchpath=[file://{tmp_path}]"
+    check_group_choices(["hardware=calibrated_here", searchpath])
+    with pytest.raises(SystemExit) as exit_info:
+        check_group_choices(["hardware=calibrated_here"])
+    assert "allowed: cpu" in str(exit_info.value.code)

@@ -25,7 +25,7 @@ def test_shards_resume_and_merge_in_order(tmp_path) -> None:
 
     first = run(tmp_path, "shard=0/2")
     assert first.returncode == 0, first.stderr
-    chunks = sorted(p.name for p in (tmp_path / "out" / "chunks").iterdir())
+    chunks = sorted(p.name for p in (tmp_path / "out" / "chunks").glob("*.tsv"))
     assert chunks == ["00000.tsv", "00002.tsv"]  # shard 0 of 2 owns chunks 0 and 2
     assert not (tmp_path / "out" / "train.tsv").exists()
 
@@ -39,3 +39,18 @@ def test_shards_resume_and_merge_in_order(tmp_path) -> None:
 
     bad = run(tmp_path, "shard=3/2")
     assert bad.returncode != 0 and "shard=3/2 is invalid" in bad.stderr
+
+
+def test_chunks_of_another_target_or_task_are_refused(tmp_path) -> None:
+    """Chunks resume by file name: another distillation's out_dir must not be merged."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.tsv").write_text("r\tY dijo.\tAnd he said.\n", encoding="utf-8")
+    first = run(tmp_path, "merge_only=true")
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "out" / "chunks" / "origin.json").exists()
+    other = run(tmp_path, "merge_only=true", "task.tgt_lang=spa_Latn")
+    assert other.returncode != 0
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"error: out_dir={tmp_path}/out holds chunks of another distillation: tgt_lang "
+        "eng_Latn (not spa_Latn); give another out_dir, or remove that one"
+    )

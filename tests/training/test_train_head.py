@@ -9,8 +9,14 @@ import torch
 import yaml
 
 from specbeam.apps.data import TokenizedPair, pad
-from specbeam.integration.cards import tokenizer_fields
-from specbeam.integration.models import TargetConfig, save_head
+from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
+from specbeam.integration.models import (
+    ModelArch,
+    TargetConfig,
+    build_model,
+    save_head,
+    save_model,
+)
 from specbeam.integration.transformer import TransformerConfig, create_transformer_model
 from specbeam.paths import SHIPPED
 from specbeam.search.head import DraftHead, HeadArch
@@ -173,3 +179,24 @@ def test_a_target_the_lean_decoder_cannot_run_is_refused_by_card(tmp_path) -> No
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"^model.target=post_norm: a draft head trains on the lean decoder, which cannot run this target's \(no final StandardLayerNorm\)$"):  # fmt: skip
         HeadTrainer(cfg)
+
+
+def test_too_few_pairs_for_the_held_out_ones_is_one_error(tmp_path) -> None:
+    """Small data with the default `valid_pairs` would leave nothing to train on."""
+    arch = ModelArch(
+        model_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=2,
+        ffn_inner_dim=64, dropout_p=0.0, vocab_size=8000, max_seq_len=64,
+    )  # fmt: skip
+    save_model(build_model(arch), arch, tmp_path / "t.pt", torch.float32)
+    spm = REPO_ROOT / "tasks/bible_es_en/spm.model"
+    card = {**model_card("small", tmp_path / "t.pt", tmp_path),
+            **tokenizer_fields(spm, tmp_path, ["spa_Latn", "eng_Latn"], "eng_Latn")}  # fmt: skip
+    write_cards(tmp_path / "card.yaml", [card])
+    (tmp_path / "data.tsv").write_text("a\tHola\tHello\nb\tAdiós\tGoodbye\n")
+    cfg = TrainHeadConfig(
+        model=TargetConfig(target="small", asset_dirs=[str(tmp_path)]), valid_pairs=2,
+        data=str(tmp_path / "data.tsv"), data_cache=str(tmp_path / "states.pt"),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^valid_pairs=2 leaves none of the 2 pairs of .*data.tsv to train on: hold out fewer$"):  # fmt: skip
+        HeadTrainer(cfg)
+    assert not (tmp_path / "states.pt").exists()  # refused before the target's pass
