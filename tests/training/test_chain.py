@@ -18,7 +18,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from specbeam.integration.cards import tokenizer_fields, write_cards
-from specbeam.paths import REPO_ROOT
+from specbeam.paths import SHIPPED
 
 SRC, TGT = "xqa_Latn", "yqb_Latn"  # made-up languages, NLLB-style codes
 SYLLABLES = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "de", "gu"]
@@ -75,7 +75,7 @@ def train_tokenizer(data_dir: Path, path: Path) -> int:
 
 def run(app: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     """`python -m specbeam.<app> args…`, as a user runs it; its standard output."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    env = {**os.environ, "PYTHONPATH": str(SHIPPED), "OMP_NUM_THREADS": "1", **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", f"specbeam.{app}", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=300,

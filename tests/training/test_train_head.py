@@ -188,7 +188,7 @@ def test_too_few_pairs_for_the_held_out_ones_is_one_error(tmp_path) -> None:
         ffn_inner_dim=64, dropout_p=0.0, vocab_size=8000, max_seq_len=64,
     )  # fmt: skip
     save_model(build_model(arch), arch, tmp_path / "t.pt", torch.float32)
-    spm = REPO_ROOT / "tasks/bible_es_en/spm.model"
+    spm = SHIPPED / "tasks/bible_es_en/spm.model"
     card = {**model_card("small", tmp_path / "t.pt", tmp_path),
             **tokenizer_fields(spm, tmp_path, ["spa_Latn", "eng_Latn"], "eng_Latn")}  # fmt: skip
     write_cards(tmp_path / "card.yaml", [card])
