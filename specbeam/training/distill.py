@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
 from specbeam.apps.inference import translate_texts
-from specbeam.paths import SHIPPED
+from specbeam.paths import SHIPPED, user_path
 
 log = logging.getLogger("specbeam.distill")
 
@@ -71,7 +71,7 @@ def origin(cfg: DistillConfig) -> dict[str, object]:
     task = cfg.task
     return {
         "target": cfg.model.target, "tokenizer": cfg.model.tokenizer_card(),
-        "data_dir": str(task.path(task.data_dir)), "split": cfg.split,
+        "data_dir": str(user_path(task.data_dir)), "split": cfg.split,
         "src_lang": task.src_lang, "tgt_lang": task.tgt_lang, "chunk_size": cfg.chunk_size,
     }  # fmt: skip
 
