@@ -1,8 +1,8 @@
 """Exact speculative beam search as a fairseq2 `Seq2SeqGenerator`.
 
-One loop (docs/design.md): the draft proposes a tree below every live hypothesis, the
-target verifies all trees in one call, exact acceptance replays beam search on the
-verified log-probs, and both caches keep the accepted paths.
+One loop (docs/design.md, "The loop"): the draft proposes a tree below every live
+hypothesis, the target verifies all trees in one call, exact acceptance replays beam
+search on the verified log-probs, and both caches keep the accepted paths.
 """
 
 from __future__ import annotations

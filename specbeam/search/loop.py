@@ -1,9 +1,8 @@
-"""The loop both speculative generators run (DESIGN.md §3): the draft proposes a tree,
-the target verifies it in one call, acceptance decides what each row keeps, both caches
-commit it, and finished rows leave. Beam search (`generator._Op`) and sampling
-(`sampling._SampleOp`) supply only what differs: the draft's inputs, the acceptance
-rule, and what a finished row leaves in the output.
-"""
+"""The loop both speculative generators run (docs/design.md, "The loop"): the draft proposes a
+tree, the target verifies it in one call, acceptance decides what each row keeps, both
+caches commit it, and finished rows leave. Beam search (`generator._Op`) and sampling
+(`sampling._SampleOp`) supply only what differs: the draft's inputs, the acceptance rule,
+and what a finished row leaves in the output."""
 
 from __future__ import annotations
 

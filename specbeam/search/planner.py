@@ -1,13 +1,14 @@
 """Per batch: speculate, or run plain beam search, whichever the cost model says is faster.
 
-On a CPU a verification pass turns compute-bound as batches grow (DESIGN.md §8): the
-draft tree's extra tokens then cost in full, and a pass advancing τ steps loses to τ
-plain steps. The planner prices both from a machine's call costs (fitted here from timed
-calls and runs by `specbeam.calibrate`, stored per hardware config) and the τ and tree
-size this generator has seen so far, each price scaled by how long that kind of call has
-actually taken here against its prediction: costs calibrated on one CPU mislead on
-another (a draft call's cost relative to a target call's differs severalfold between an
-AVX-512 and an AVX2 machine). Exact decoding only: either choice gives the same output.
+On a CPU a verification pass turns compute-bound as batches grow (docs/design.md, "Cost
+model and planner"): the draft tree's extra tokens then cost in full, and a pass
+advancing τ steps loses to τ plain steps. The planner prices both from a machine's call
+costs (fitted here from timed calls and runs by `specbeam.calibrate`, stored per
+hardware config) and the τ and tree size this generator has seen so far, each price
+scaled by how long that kind of call has actually taken here against its prediction:
+costs calibrated on one CPU mislead on another (a draft call's cost relative to a target
+call's differs severalfold between an AVX-512 and an AVX2 machine). Exact decoding only:
+either choice gives the same output.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 from specbeam.search.stats import SpecStats
 from tests.search.test_generator import assert_plain_iff_not
 
-# This machine's shape (DESIGN.md §8): a call costs 10.3 ms + 0.3 ms per query token.
+# A machine of this shape: a call costs 10.3 ms + 0.3 ms per query token.
 CPU = PlanCosts(LinearCost(10.3, 0.3), LinearCost(1.9, 0.03), accept_ms=1.0, plain_step_ms=1.5)
 STORED = {"target": [10.3, 0.3], "draft": [1.9, 0.03], "accept_ms": 1.0, "plain_step_ms": 1.5}
 ON_CPU = SpeculativeSearchConfig(machine=MachineSettings(costs=STORED))
