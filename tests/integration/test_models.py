@@ -135,3 +135,10 @@ def test_a_head_stores_its_targets_fingerprint(tmp_path, tiny_target) -> None:
     del ckpt["target"]
     torch.save(ckpt, tmp_path / "old.pt")
     assert isinstance(load_model(tmp_path / "old.pt", target=other), DraftHead)
+
+
+def test_the_shipped_head_stores_the_shipped_targets_fingerprint() -> None:
+    """The embedded pair is checked like any other: its head refuses another target."""
+    models = SHIPPED / "tasks/bible_es_en/models"
+    stored = torch.load(models / "head.pt", map_location="cpu", weights_only=False)["target"]
+    assert same_target(stored, target_fingerprint(load_model(models / "target.pt")))
