@@ -27,3 +27,20 @@ def test_unknown_dtype_names_the_setting_and_what_is_allowed() -> None:
         ValueError, match="hardware.target_dtype=auto is invalid: allowed: float32, bfloat16$"
     ):
         HardwareConfig(target_dtype="auto").apply()
+
+
+def test_a_device_is_accepted_where_torch_sees_it(monkeypatch) -> None:
+    with pytest.raises(ValueError, match="hardware.device=tpu is invalid: allowed: cpu, cuda"):
+        HardwareConfig(device="tpu", threads=1).apply()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="hardware.device=cuda is invalid: torch sees no GPU"):
+        HardwareConfig(device="cuda", threads=1).apply()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    HardwareConfig(device="cuda", threads=1).apply()  # accepted; placing models needs a GPU
+
+
+def test_machine_settings_are_checked_with_their_names() -> None:
+    with pytest.raises(ValueError, match="hardware.onednn_min_rows=0 is invalid: must be ≥ 1"):
+        HardwareConfig(onednn_min_rows=0, threads=1).apply()
+    with pytest.raises(ValueError, match="hardware.costs is incomplete or malformed"):
+        HardwareConfig(costs={"target": [1.0, 0.1]}, threads=1).apply()
