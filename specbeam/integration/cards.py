@@ -14,16 +14,23 @@ a generator names it as `draft_model`; a draft head (`specbeam_draft_head`) like
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import yaml
+from fairseq2.models.nllb import get_nllb_model_hub
 
-from specbeam.integration.hub import DRAFT_HEAD_FAMILY, SHALLOW_DRAFT_FAMILY
-from specbeam.integration.models import ModelArch
-from specbeam.search.head import HEAD_KIND
+from specbeam.integration.hub import (
+    DRAFT_HEAD_FAMILY,
+    SHALLOW_DRAFT_FAMILY,
+    asset_store,
+    load_card_tokenizer,
+)
+from specbeam.integration.models import ModelArch, build_model, save_head, save_model
+from specbeam.search.head import HEAD_KIND, DraftHead, HeadArch
 
 
 def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]:
@@ -55,6 +62,38 @@ def write_cards(path: Path, cards: list[dict[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     header = "# Written by `python -m specbeam.cards`; paths are relative to this file.\n"
     path.write_text(header + yaml.safe_dump_all(cards, sort_keys=False), encoding="utf-8")
+
+
+def random_nllb_cards(
+    card_dir: Path, name: str, arch: str, tokenizer_card: str, head: HeadArch, seed: int = 0
+) -> None:
+    """Cards `name` and `<name>_head`: an NLLB model of fairseq2's registered architecture
+    `arch` (no download) with random weights and the vocabulary of `tokenizer_card`'s
+    tokenizer, and a randomly initialised draft head over it, both saved by
+    `save_model` / `save_head` into `card_dir/../models`. The target's card names `arch`
+    and overrides only the vocabulary size, as an NLLB card does; both cards refer to
+    `tokenizer_card`'s tokenizer."""
+    tokenizer = load_card_tokenizer(asset_store(), "tokenizer", tokenizer_card)
+    config = get_nllb_model_hub().get_arch_config(arch)
+    model_arch = ModelArch.of_nllb(
+        dataclasses.replace(config, vocab_size=tokenizer.vocab_info.size)
+    )
+    models = card_dir.parent / "models"
+    torch.manual_seed(seed)
+    target = build_model(model_arch).eval()
+    save_model(target, model_arch, models / f"{name}.pt", torch.float32)
+    save_head(DraftHead(target, head), models / f"{name}_head.pt", torch.float32)
+    del target
+    target_card = {
+        "name": name,
+        "model_family": "nllb",
+        "model_arch": arch,
+        "model_config": {"vocab_size": model_arch.vocab_size},
+        "checkpoint": os.path.relpath((models / f"{name}.pt").resolve(), card_dir.resolve()),
+        "tokenizer_ref": tokenizer_card,
+    }
+    head_card = model_card(f"{name}_head", models / f"{name}_head.pt", card_dir)
+    write_cards(card_dir / f"{name}.yaml", [target_card, {**head_card, "tokenizer_ref": name}])
 
 
 def _plain(value: object) -> object:

@@ -53,6 +53,20 @@ class ModelArch:
     pad_idx: int = 0
     max_seq_len: int = 1024
 
+    @classmethod
+    def of_nllb(cls, config: NllbConfig) -> ModelArch:
+        """An NLLB config (e.g. a registered architecture's) as a `ModelArch`; its encoder
+        and decoder must have as many attention heads."""
+        if config.num_encoder_attn_heads != config.num_decoder_attn_heads:
+            raise ValueError("a ModelArch has as many encoder as decoder attention heads")
+        return cls(
+            model_dim=config.model_dim, num_encoder_layers=config.num_encoder_layers,
+            num_decoder_layers=config.num_decoder_layers,
+            num_attn_heads=config.num_encoder_attn_heads, ffn_inner_dim=config.ffn_inner_dim,
+            dropout_p=config.dropout_p, vocab_size=config.vocab_size, pad_idx=config.pad_idx,
+            max_seq_len=config.max_seq_len,
+        )  # fmt: skip
+
     def to_nllb_config(self) -> NllbConfig:
         return NllbConfig(
             model_dim=self.model_dim,
