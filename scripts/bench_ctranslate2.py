@@ -6,9 +6,9 @@
 
 CTranslate2 is the fastest CPU engine for this model class, and it has no speculative
 decoding: the bar specbeam's exact beam search must clear. The target is converted once
-(seconds; `~/.cache/specbeam/ct2/<hash of the checkpoint>`), fp32, into CTranslate2's own
-Transformer spec: the same weights, sinusoidal table and token ids. Every batch is decoded
-by fairseq2's beam search, by specbeam's `spec_beam` as configured (planner and all), and by
+(seconds; `~/.cache/specbeam/ct2/<hash of weights and epsilon>`), fp32, into CTranslate2's
+own Transformer spec: the same weights, sinusoidal table, token ids and layer norm epsilon.
+Every batch is decoded by fairseq2's beam search, by specbeam's `spec_beam` as configured (planner and all), and by
 CTranslate2, in turn, on the same threads; the output is compared token by token with
 fairseq2's (CTranslate2 ranks, normalises and stops its beams its own way, so a few
 sentences may differ: counted, not hidden). Writes ct2.md, ct2.json and ct2.png.
@@ -83,6 +83,14 @@ def _frontend(spec: object, frontend: torch.nn.Module, max_len: int) -> None:
     spec.position_encodings.encodings = table.numpy()  # type: ignore[attr-defined]
 
 
+def layer_norm_eps(model: TransformerModel) -> float:
+    """The model's layer norm epsilon (one for all its norms, else an error)."""
+    eps = {m.eps for m in model.modules() if type(m).__name__.endswith("LayerNorm")}
+    if len(eps) != 1:
+        raise SystemExit(f"error: the target's layer norms have epsilons {sorted(eps)}, not one")
+    return float(eps.pop())
+
+
 def convert(model: TransformerModel, out: Path, vocab_size: int) -> None:
     """The target as a CTranslate2 Transformer (pre-LN, ReLU, tied projection)."""
     encoder, decoder = model.encoder.layers, model.decoder.layers
@@ -123,6 +131,7 @@ def convert(model: TransformerModel, out: Path, vocab_size: int) -> None:
     # fairseq2's prompt starts with EOS; the language token is a target prefix.
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
     spec.config.decoder_start_token = "</s>"
+    spec.config.layer_norm_epsilon = layer_norm_eps(model)
     spec.validate()
     spec.optimize(quantization="float32")
     partial = out.with_name(out.name + ".partial")
@@ -165,10 +174,10 @@ def main() -> None:
     cfg = load_config("bible_es_en", "cpu")
     models = Models.load(cfg)
     tokenizer, target = models.tokenizer, models.target
-    weights = Path(cfg.model.target)
-    where = (
-        Path.home() / ".cache/specbeam/ct2" / hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
-    )
+    key = hashlib.sha256(repr(layer_norm_eps(target)).encode())  # the weights and the epsilon
+    for tensor in target.state_dict().values():
+        key.update(tensor.numpy().tobytes())
+    where = Path.home() / ".cache/specbeam/ct2" / key.hexdigest()[:16]
     if not (where / "model.bin").exists():
         began = time.perf_counter()
         convert(target, where, tokenizer.vocab_info.size)
