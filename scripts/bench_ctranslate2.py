@@ -253,9 +253,12 @@ def ct2_decoder(job: Job, compute_type: str, threads: int, tokens: int | None) -
 
 
 def busy_seconds() -> float:
-    """CPU time all processes have used (/proc/stat: all but idle and iowait)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+    """CPU time all processes have used (/proc/stat: user, nice, system, irq, softirq; guest
+    time is counted in user, steal is other machines')."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def own_seconds() -> float:
