@@ -1,17 +1,25 @@
-"""specbeam against CTranslate2 on the same target: beam 5, side by side in one run.
+"""specbeam against CTranslate2 on the same target: beam 5, each engine in a process of its own.
 
     .venv/bin/pip install -e '.[compare]'                  # CTranslate2 (PyPI)
-    .venv/bin/python scripts/bench_ctranslate2.py            # every 14th test verse
-    .venv/bin/python scripts/bench_ctranslate2.py --every 1 --batch-sizes 1
+    .venv/bin/python scripts/bench_ctranslate2.py            # every 14th test verse, 3 repeats
+    .venv/bin/python scripts/bench_ctranslate2.py --quick    # 4 verses, 1 repeat (smoke test)
+    .venv/bin/python scripts/bench_ctranslate2.py --every 1 --repeats 5
 
 CTranslate2 is the fastest CPU engine for this model class, and it has no speculative
-decoding: the bar specbeam's exact beam search must clear. The target is converted once
-(seconds; `~/.cache/specbeam/ct2/<hash of the checkpoint>`), fp32, into CTranslate2's own
-Transformer spec: the same weights, sinusoidal table and token ids. Every batch is decoded
-by fairseq2's beam search, by specbeam's `spec_beam` as configured (planner and all), and by
-CTranslate2, in turn, on the same threads; the output is compared token by token with
-fairseq2's (CTranslate2 ranks, normalises and stops its beams its own way, so a few
-sentences may differ: counted, not hidden). Writes ct2.md, ct2.json and ct2.png.
+decoding: the bar specbeam's exact beam search must clear. A first process tokenizes the
+verses and converts the target once (seconds; `~/.cache/specbeam/ct2/<hash of weights and epsilon>`) into
+CTranslate2's own Transformer spec: the same weights, sinusoidal table, token ids and layer
+norm epsilon. Then every engine runs in a fresh process: fairseq2's beam search, specbeam's
+`spec_beam` as configured (planner and all; with a bf16 target too where the CPU has native
+bf16, not exact to fp32 beam), and CTranslate2 at fp32, int8 and int8_float32, which imports
+`ctranslate2` alone (no torch). Each process reads the token ids from a file, loads (not
+timed), makes one warm-up call per batching, then times its decode calls at batch 1, batch
+16 and 1,024 padded source tokens, with OMP_NUM_THREADS and CTranslate2's intra_threads at
+`--threads` (inter_threads 1). The engines run in a rotated order each repeat; rows give the
+minimum and the median, and the CPU time other processes took during the timed calls
+(/proc/stat busy time minus the process's own). Outputs are compared token by token with
+fairseq2's fp32 beam search (CTranslate2 ranks, normalises and stops its beams its own way,
+so a few sentences may differ: counted, not hidden). Writes ct2.md, ct2.json and ct2.png.
 """
 
 from __future__ import annotations
@@ -19,43 +27,33 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import resource
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-import torch
-from fairseq2.generation import Seq2SeqGenerator
-from fairseq2.models.transformer import TransformerModel
-from fairseq2.nn import BatchLayout
-from sacrebleu.metrics import BLEU
-from tqdm import tqdm
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench import Models, load_config  # noqa: E402
-
-from specbeam.apps.decoding import load_decoding  # noqa: E402
-from specbeam.apps.inference import encode_sources, target_prompt  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+if TYPE_CHECKING:
+    import torch
+    from ctranslate2.specs import common_spec
+    from fairseq2.models.transformer import TransformerModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # scripts run from a checkout
+CT2_TYPES = ("float32", "int8", "int8_float32")
+BATCHINGS = {"batch 1": ("examples", 1), "batch 16": ("examples", 16), "1,024 tokens": ("tokens", 1024)}  # fmt: skip
+BASE = "fairseq2 beam"
 
-try:
-    import ctranslate2
-    from ctranslate2.specs import common_spec, transformer_spec
-except ImportError:
-    raise SystemExit(
-        "CTranslate2 is not installed: .venv/bin/pip install -e '.[compare]'"
-    ) from None
-
-
-Decode = Callable[[list[torch.Tensor]], list[list[int]]]
-"""A batch of source token ids -> the best hypothesis' tokens (no EOS, no prompt)."""
+Job = dict[str, Any]
+"""What the first process writes for the engines: token ids, batches, beam settings."""
+Decode = Callable[[list[list[int]]], list[list[int]]]
+"""Source token ids -> the best hypothesis' tokens (no EOS, no prompt)."""
 
 
 def token(i: int) -> str:
@@ -65,8 +63,8 @@ def token(i: int) -> str:
 
 def _linear(spec: common_spec.LinearSpec, *linears: torch.nn.Module) -> None:
     """`linears` stacked (CTranslate2 fuses q/k/v and k/v into one product)."""
-    spec.weight = torch.cat([m.weight.detach() for m in linears]).numpy()
-    spec.bias = torch.cat([m.bias.detach() for m in linears]).numpy()
+    spec.weight = np.concatenate([m.weight.detach().numpy() for m in linears])
+    spec.bias = np.concatenate([m.bias.detach().numpy() for m in linears])
 
 
 def _norm(spec: common_spec.LayerNormSpec, norm: torch.nn.Module) -> None:
@@ -74,6 +72,9 @@ def _norm(spec: common_spec.LayerNormSpec, norm: torch.nn.Module) -> None:
 
 
 def _frontend(spec: object, frontend: torch.nn.Module, max_len: int) -> None:
+    import torch
+    from fairseq2.nn import BatchLayout
+
     embed = frontend.embed.weight.detach()
     embeddings = spec.embeddings  # type: ignore[attr-defined]  # a list on the encoder side
     (embeddings[0] if isinstance(embeddings, list) else embeddings).weight = embed.numpy()
@@ -83,8 +84,19 @@ def _frontend(spec: object, frontend: torch.nn.Module, max_len: int) -> None:
     spec.position_encodings.encodings = table.numpy()  # type: ignore[attr-defined]
 
 
+def layer_norm_eps(model: TransformerModel) -> float:
+    """The model's layer norm epsilon (one for all its norms, else an error)."""
+    eps = {m.eps for m in model.modules() if type(m).__name__.endswith("LayerNorm")}
+    if len(eps) != 1:
+        raise SystemExit(f"error: the target's layer norms have epsilons {sorted(eps)}, not one")
+    return float(eps.pop())
+
+
 def convert(model: TransformerModel, out: Path, vocab_size: int) -> None:
     """The target as a CTranslate2 Transformer (pre-LN, ReLU, tied projection)."""
+    import torch
+    from ctranslate2.specs import common_spec, transformer_spec
+
     encoder, decoder = model.encoder.layers, model.decoder.layers
     heads = encoder[0].self_attn.num_heads
     spec = transformer_spec.TransformerSpec.from_config(
@@ -123,6 +135,7 @@ def convert(model: TransformerModel, out: Path, vocab_size: int) -> None:
     # fairseq2's prompt starts with EOS; the language token is a target prefix.
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
     spec.config.decoder_start_token = "</s>"
+    spec.config.layer_norm_epsilon = layer_norm_eps(model)
     spec.validate()
     spec.optimize(quantization="float32")
     partial = out.with_name(out.name + ".partial")
@@ -131,146 +144,283 @@ def convert(model: TransformerModel, out: Path, vocab_size: int) -> None:
     partial.rename(out)
 
 
-@dataclass
-class Run:
-    decode: Decode
-    seconds: list[float] = field(default_factory=list)
-    tokens: dict[int, list[int]] = field(default_factory=dict)  # best hypothesis, no EOS
+def token_batches(lengths: list[int], order: list[int], tokens: int) -> list[list[int]]:
+    """`order` in batches of at most `tokens` padded tokens (as CTranslate2's "tokens")."""
+    batches: list[list[int]] = [[]]
+    for i in order:
+        batch = batches[-1]
+        if batch and (len(batch) + 1) * max(lengths[j] for j in [*batch, i]) > tokens:
+            batches.append(batch := [])
+        batch.append(i)
+    return batches
 
-    def take(self, batch: list[int], sources: list[torch.Tensor]) -> None:
-        """Decodes sources `batch` (indices), timed."""
+
+def prepare(job_path: Path, every: int, limit: int | None) -> None:
+    """Tokenizes the verses, converts the target if not yet, and writes the job file."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import torch
+    from bench import Models, load_config
+
+    from specbeam.apps.decoding import load_decoding
+    from specbeam.apps.inference import encode_sources, target_prompt
+
+    cfg = load_config("bible_es_en", "cpu")
+    models = Models.load(cfg)
+    tokenizer, target = models.tokenizer, models.target
+    eps = layer_norm_eps(target)
+    key = hashlib.sha256(repr(eps).encode())  # the weights and the epsilon
+    for tensor in target.state_dict().values():
+        key.update(tensor.numpy().tobytes())
+    where = Path.home() / ".cache/specbeam/ct2" / key.hexdigest()[:16]
+    if not (where / "model.bin").exists():
         began = time.perf_counter()
-        tokens = self.decode([sources[i] for i in batch])
-        self.seconds.append(time.perf_counter() - began)
-        self.tokens.update(zip(batch, tokens, strict=True))
+        convert(target, where, tokenizer.vocab_info.size)
+        print(f"converted the target to CTranslate2 in {time.perf_counter() - began:.1f} s: {where}")  # fmt: skip
+    beam = cfg.hardware.tune(load_decoding("beam"))
+    pairs = cfg.task.split("test")[::every][: limit or None]
+    sources = [s.tolist() for s in encode_sources(tokenizer, [p.source for p in pairs], cfg.task.src_lang)]  # fmt: skip
+    lengths = [len(s) for s in sources]
+    order = sorted(range(len(sources)), key=lengths.__getitem__)
+    batches = {
+        name: [order[i : i + n] for i in range(0, len(order), n)]
+        if kind == "examples"
+        else token_batches(lengths, order, n)
+        for name, (kind, n) in BATCHINGS.items()
+    }
+    job = {
+        "sources": sources,
+        "refs": [p.target for p in pairs],
+        "prompt": target_prompt(tokenizer, cfg.task.tgt_lang).tolist(),
+        "eos": int(tokenizer.vocab_info.eos_idx),
+        "beam_size": beam.beam_size,
+        "len_penalty": beam.len_penalty,
+        "max_gen_len": list(beam.max_gen_len),
+        "ct2_model": str(where),
+        "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "batches": batches,
+    }
+    job_path.write_text(json.dumps(job) + "\n")
 
-    @property
-    def total(self) -> float:
-        return sum(self.seconds)
+
+def torch_decoder(job: Job, engine: str, threads: int) -> Decode:
+    """fairseq2's beam search or specbeam's spec_beam (bf16 target: `+bf16`), loaded."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import torch
+    from bench import Models, load_config
+    from fairseq2.nn import BatchLayout
+
+    from specbeam.apps.decoding import load_decoding
+
+    cfg = load_config("bible_es_en", "cpu")
+    cfg.hardware.threads = threads
+    if engine.endswith("+bf16"):
+        cfg.hardware.target_dtype = "bfloat16"
+    models = Models.load(cfg)
+    method = "beam" if engine == BASE else "spec_beam"
+    generator = models.generator(cfg.hardware.tune(load_decoding(method)))
+    prompt, eos = torch.tensor(job["prompt"]), job["eos"]
+
+    def run(seqs: list[list[int]]) -> list[list[int]]:
+        src = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in seqs], batch_first=True)
+        prompts = prompt.expand(len(seqs), -1)
+        out = generator(src, BatchLayout.of(src, [len(s) for s in seqs]), prompts, BatchLayout.of(prompts))  # fmt: skip
+        return [[t for t in hyps[0].seq.tolist() if t != eos] for hyps in out.hypotheses]
+
+    return run
+
+
+def ct2_decoder(job: Job, compute_type: str, threads: int, tokens: int | None) -> Decode:
+    """CTranslate2 at `compute_type`; `tokens`: its own batching by padded tokens."""
+    import ctranslate2
+
+    translator = ctranslate2.Translator(
+        job["ct2_model"], device="cpu", compute_type=compute_type, intra_threads=threads,
+        inter_threads=1,
+    )  # fmt: skip
+    (len_a, len_b), lang = job["max_gen_len"], token(job["prompt"][-1])
+    batching = {"max_batch_size": tokens, "batch_type": "tokens"} if tokens else {}
+
+    def run(seqs: list[list[int]]) -> list[list[int]]:
+        res = translator.translate_batch(
+            [[token(t) for t in s] for s in seqs], target_prefix=[[lang]] * len(seqs),
+            beam_size=job["beam_size"], length_penalty=job["len_penalty"],
+            max_decoding_length=int(len_a * max(len(s) for s in seqs) + len_b), **batching,
+        )  # fmt: skip
+        # Its hypotheses repeat the prefix (the language token).
+        return [[int(t[1:]) for t in r.hypotheses[0] if t.startswith("@")][1:] for r in res]
+
+    return run
+
+
+def busy_seconds() -> float:
+    """CPU time all processes have used (/proc/stat: user, nice, system, irq, softirq; guest
+    time is counted in user, steal is other machines')."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def own_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def work(job_path: Path, engine: str, threads: int, out: Path) -> None:
+    """One engine over every batching: one warm-up call, then the timed calls."""
+    job = json.loads(job_path.read_text())
+    sources, results = job["sources"], {}
+    ct2 = engine.removeprefix("CTranslate2 ") if engine.startswith("CTranslate2") else None
+    decode = None if ct2 else torch_decoder(job, engine, threads)
+    for name, batches in job["batches"].items():
+        if ct2:  # its own batching by tokens: every sentence in one call
+            kind, n = BATCHINGS[name]
+            decode = ct2_decoder(job, ct2, threads, n if kind == "tokens" else None)
+            if kind == "tokens":
+                batches = [[i for batch in batches for i in batch]]
+        assert decode is not None
+        decode([sources[i] for i in job["batches"][name][0]])
+        seconds = others = 0.0
+        tokens: dict[int, list[int]] = {}
+        for batch in batches:
+            busy, own, began = busy_seconds(), own_seconds(), time.perf_counter()
+            hyps = decode([sources[i] for i in batch])
+            seconds += time.perf_counter() - began
+            others += busy_seconds() - busy - (own_seconds() - own)
+            tokens.update(zip(batch, hyps, strict=True))
+        results[name] = {"seconds": seconds, "others_cpu": others, "tokens": [tokens[i] for i in range(len(sources))]}  # fmt: skip
+    out.write_text(json.dumps(results) + "\n")
+
+
+def texts(job_path: Path, runs_path: Path) -> None:
+    """Detokenizes the engines' outputs (a list of token lists per run) in place."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import torch
+    from bench import load_config
+
+    cfg = load_config("bible_es_en", "cpu")
+    decode = cfg.model.load_tokenizer().create_decoder(skip_special_tokens=True)
+    runs = json.loads(runs_path.read_text())
+    runs_path.write_text(json.dumps([[str(decode(torch.tensor(t))) for t in run] for run in runs]))
+
+
+def spawn(step: list[str], threads: int) -> None:
+    """This script's `step` in a fresh process, on `threads` OpenMP threads."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    subprocess.run([sys.executable, __file__, *step], env=env, check=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--every", type=int, default=14, help="every n-th test verse")
     parser.add_argument("--limit", type=int, help="at most n verses")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every engine")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="4 verses, 1 repeat")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_out")
-    parser.add_argument(
-        "--interleave", action="store_true",
-        help="run the engines batch by batch in turn (default: one engine over all batches, "
-        "then the next; CTranslate2's calls between specbeam's slow specbeam down)",
-    )  # fmt: skip
+    parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)  # the child processes'
     args = parser.parse_args()
+    if args.step:
+        kind, *rest = args.step
+        if kind == "prepare":
+            prepare(Path(rest[0]), int(rest[1]), int(rest[2]) or None)
+        elif kind == "work":
+            work(Path(rest[0]), rest[1], int(rest[2]), Path(rest[3]))
+        else:
+            texts(Path(rest[0]), Path(rest[1]))
+        return
+    if args.quick:
+        args.limit, args.repeats = 4, 1
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise SystemExit("CTranslate2 is not installed: .venv/bin/pip install -e '.[compare]'") from None  # fmt: skip
 
-    cfg = load_config("bible_es_en", "cpu")
-    models = Models.load(cfg)
-    tokenizer, target = models.tokenizer, models.target
-    weights = Path(cfg.model.target)
-    where = (
-        Path.home() / ".cache/specbeam/ct2" / hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
-    )
-    if not (where / "model.bin").exists():
-        began = time.perf_counter()
-        convert(target, where, tokenizer.vocab_info.size)
-        print(
-            f"converted the target to CTranslate2 in {time.perf_counter() - began:.1f} s: {where}"
-        )
-    threads = torch.get_num_threads()
-    translator = ctranslate2.Translator(
-        str(where), device="cpu", compute_type="float32", intra_threads=threads, inter_threads=1
-    )
-    beam_cfg = cfg.hardware.tune(load_decoding("beam"))
-    spec_cfg = cfg.hardware.tune(load_decoding("spec_beam"))
-    k, (len_a, len_b) = beam_cfg.beam_size, beam_cfg.max_gen_len
+    with tempfile.TemporaryDirectory() as tmp:
+        job_path = Path(tmp) / "job.json"
+        spawn(["--step", "prepare", str(job_path), str(args.every), str(args.limit or 0)], args.threads)  # fmt: skip
+        job = json.loads(job_path.read_text())
+        engines = [BASE, "specbeam spec_beam"]
+        engines += ["specbeam spec_beam+bf16"] * job["bf16_native"]
+        engines += [f"CTranslate2 {t}" for t in CT2_TYPES]
+        runs: dict[str, list[dict]] = {e: [] for e in engines}
+        for r in range(args.repeats):
+            for engine in engines[r % len(engines) :] + engines[: r % len(engines)]:
+                print(f"repeat {r + 1}/{args.repeats}: {engine}", file=sys.stderr)
+                out = Path(tmp) / "run.json"
+                spawn(["--step", "work", str(job_path), engine, str(args.threads), str(out)], args.threads)  # fmt: skip
+                runs[engine].append(json.loads(out.read_text()))
+        # Outputs are deterministic: each engine's last run, detokenized in one process.
+        keys = [(e, b) for e in engines for b in BATCHINGS]
+        text_path = Path(tmp) / "texts.json"
+        text_path.write_text(json.dumps([runs[e][-1][b]["tokens"] for e, b in keys]))
+        spawn(["--step", "texts", str(job_path), str(text_path)], args.threads)
+        text = dict(zip(keys, json.loads(text_path.read_text()), strict=True))
+    write(table(job, runs, text), job, args, args.out)
 
-    pairs = cfg.task.split("test")[:: args.every][: args.limit or None]
-    sources, refs = [p.source for p in pairs], [p.target for p in pairs]
-    src_tokens = encode_sources(tokenizer, sources, cfg.task.src_lang)
-    prompt = target_prompt(tokenizer, cfg.task.tgt_lang)  # (EOS, language)
-    eos = int(tokenizer.vocab_info.eos_idx)
-    decode = tokenizer.create_decoder(skip_special_tokens=True)
-    order = sorted(range(len(sources)), key=lambda i: len(src_tokens[i]))
-    results: dict[int, dict] = {}
-    metric = BLEU()
 
-    def torch_method(gen: Seq2SeqGenerator) -> Decode:
-        def run(seqs: list[torch.Tensor]) -> list[list[int]]:
-            src = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
-            prompts = prompt.expand(len(seqs), -1)
-            out = gen(src, BatchLayout.of(src, [len(s) for s in seqs]), prompts, BatchLayout.of(prompts))  # fmt: skip
-            return [[t for t in hyps[0].seq.tolist() if t != eos] for hyps in out.hypotheses]
+def table(job: Job, runs: dict[str, list[dict]], text: dict[tuple[str, str], list[str]]) -> dict:
+    """Per batching and engine: min and median seconds, other processes' CPU, agreement, BLEU."""
+    from sacrebleu.metrics import BLEU
 
-        return run
-
-    def ct2_method(seqs: list[torch.Tensor]) -> list[list[int]]:
-        res = translator.translate_batch(
-            [[token(t) for t in s.tolist()] for s in seqs],
-            target_prefix=[[token(int(prompt[-1]))]] * len(seqs), beam_size=k,
-            max_decoding_length=int(len_a * max(len(s) for s in seqs) + len_b),
-            length_penalty=beam_cfg.len_penalty,
-        )  # fmt: skip
-        # Its hypotheses repeat the prefix (the language token).
-        return [[int(t[1:]) for t in r.hypotheses[0] if t.startswith("@")][1:] for r in res]
-
-    for size in args.batch_sizes:
-        runs = {
-            "fairseq2 beam": Run(torch_method(models.generator(beam_cfg))),
-            "specbeam spec_beam": Run(torch_method(models.generator(spec_cfg))),
-            "CTranslate2 beam": Run(ct2_method),
-        }
-        batches = [order[i : i + size] for i in range(0, len(order), size)]
-
-        if args.interleave:
-            for batch in tqdm(batches, desc=f"batch {size}", unit="batch"):
-                for run in runs.values():
-                    run.take(batch, src_tokens)
-        else:  # each engine over all batches, then the next: as separate processes run
-            for name, run in runs.items():
-                for batch in tqdm(batches, desc=f"batch {size}, {name}", unit="batch"):
-                    run.take(batch, src_tokens)
-        base = runs["fairseq2 beam"]
-        rows = {}
-        for name, run in runs.items():
-            text = [decode(torch.tensor(run.tokens[i])) for i in range(len(sources))]
-            same = sum(run.tokens[i] == base.tokens[i] for i in range(len(sources)))
-            bleu = metric.corpus_score(text, [refs])
-            rows[name] = {
-                "seconds": run.total,
-                "speedup_vs_fairseq2": base.total / run.total,
-                "identical_to_fairseq2": same,
-                "bleu": round(bleu.score, 2),
+    metric, results = BLEU(), {}
+    for b in BATCHINGS:
+        base = runs[BASE][-1][b]["tokens"]
+        base_min = min(r[b]["seconds"] for r in runs[BASE])
+        results[b] = {}
+        for engine, rs in runs.items():
+            seconds = [r[b]["seconds"] for r in rs]
+            results[b][engine] = {
+                "min_seconds": min(seconds),
+                "median_seconds": statistics.median(seconds),
+                "others_cpu_seconds": statistics.median(r[b]["others_cpu"] for r in rs),
+                "speedup_vs_fairseq2": base_min / min(seconds),
+                "identical_to_fairseq2": sum(
+                    a == c for a, c in zip(rs[-1][b]["tokens"], base, strict=True)
+                ),  # fmt: skip
+                "bleu": round(metric.corpus_score(text[engine, b], [job["refs"]]).score, 2),
             }
-        results[size] = rows
-    signature = str(metric.get_signature())
-    write(results, len(sources), threads, signature, args.out)
+    return {"results": results, "bleu_signature": str(metric.get_signature())}
 
 
-def write(results: dict[int, dict], n: int, threads: int, signature: str, out: Path) -> None:
+def cpu_name() -> str:
+    lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Model name")), "?")
+
+
+def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results, n = summary["results"], len(job["sources"])
+    head = (
+        f"Beam 5 on {n} test verses, {args.threads} threads, {cpu_name()}; each engine in a "
+        f"fresh process, {args.repeats} repeat(s) in rotated order; speed: fairseq2's minimum "
+        f"over the engine's (BLEU: {summary['bleu_signature']}). Other CPU: seconds other "
+        "processes used during the timed calls (median). `+bf16`: specbeam with a bf16 "
+        "target, not exact to fp32 beam."
+    )
     lines = [
-        f"Beam 5 on {n} test verses, {threads} threads, fp32, side by side in one run "
-        f"(BLEU: {signature}).",
+        head,
         "",
-        "| batch | method | seconds | speed vs fairseq2 | identical to fairseq2 | BLEU |",
-        "|---|---|---|---|---|---|",
-    ]
-    for size, rows in results.items():
+        "| batching | engine | min s | median s | other CPU s | speed vs fairseq2 | identical to fairseq2 | BLEU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for b, rows in results.items():
         for name, r in rows.items():
             lines.append(
-                f"| {size} | {name} | {r['seconds']:.2f} | {r['speedup_vs_fairseq2']:.2f}× | "
+                f"| {b} | {name} | {r['min_seconds']:.2f} | {r['median_seconds']:.2f} | "
+                f"{r['others_cpu_seconds']:.2f} | {r['speedup_vs_fairseq2']:.2f}× | "
                 f"{r['identical_to_fairseq2']}/{n} | {r['bleu']:.2f} |"
             )
-    spec_vs_ct2 = {
-        size: rows["CTranslate2 beam"]["seconds"] / rows["specbeam spec_beam"]["seconds"]
-        for size, rows in results.items()
-    }
-    lines += ["", "specbeam vs CTranslate2: " + ", ".join(
-        f"{r:.2f}× at batch {s}" for s, r in spec_vs_ct2.items()
-    )]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "ct2.md").write_text("\n".join(lines) + "\n")
-    (out / "ct2.json").write_text(json.dumps({"results": results, "sentences": n, "threads": threads, "bleu_signature": signature}, indent=1) + "\n")  # fmt: skip
+    meta = {"sentences": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_name()}
+    (out / "ct2.json").write_text(json.dumps({**summary, **meta}, indent=1) + "\n")
     print("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
     names = list(next(iter(results.values())))
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -278,11 +428,11 @@ def write(results: dict[int, dict], n: int, threads: int, signature: str, out: P
         ys = [rows[name]["speedup_vs_fairseq2"] for rows in results.values()]
         ax.bar(xs, ys, width, label=name)
         for x, y in zip(xs, ys, strict=True):
-            ax.text(x, y, f"{y:.2f}×", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks([i + width for i in range(len(results))], [f"batch {s}" for s in results])
+            ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=6)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], list(results))
     ax.set_ylabel("speed vs fairseq2 beam search")
-    ax.set_title(f"Beam 5, {n} test verses, {threads} threads, fp32")
-    ax.legend(fontsize=8)
+    ax.set_title(f"Beam 5, {n} test verses, {args.threads} threads, {meta['cpu']}")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "ct2.png", dpi=120)
 
