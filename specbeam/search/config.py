@@ -51,6 +51,10 @@ class BeamSettings:
         """`max_gen_len` as fairseq2's generators take it (a config file gives a list)."""
         return float(self.max_gen_len[0]), int(self.max_gen_len[1])
 
+    def seq_len_limit(self, model_limit: int) -> int:
+        """`max_seq_len` within what the model holds (its own limit where unset)."""
+        return model_limit if self.max_seq_len is None else min(self.max_seq_len, model_limit)
+
     def fairseq2_keywords(self) -> dict[str, Any]:
         """These settings as keyword arguments of fairseq2's `BeamSearchSeq2SeqGenerator`."""
         names = (f.name for f in dataclasses.fields(BeamSettings))
@@ -176,8 +180,7 @@ class MachineSettings(RuntimeConfig):
         return int(self.memory_budget_mb * MB) or None
 
     def runtime_config(self) -> RuntimeConfig:
-        names = (f.name for f in dataclasses.fields(RuntimeConfig))
-        return RuntimeConfig(**{name: getattr(self, name) for name in names})
+        return settings_of(RuntimeConfig, self)
 
     def problems(self) -> list[tuple[str, object, str]]:
         found = super().problems()
@@ -212,11 +215,11 @@ class SpeculativeSearchConfig:
             for name, value, allowed in part.problems():
                 raise ValueError(f"`{name}` must be {allowed}, but is {value!r}.")
 
-    def planner(self, speculative: bool = True) -> Planner | None:
+    def planner(self) -> Planner | None:
         """A fresh planner on the machine's cost model; None without costs, without
         planning, or where the search may not switch to plain search."""
         s = self.search
-        if not (self.machine.costs and s.plan and s.exact_beam and speculative):
+        if not (self.machine.costs and s.plan and s.exact_beam):
             return None
         shape = PassShape.expected(s.draft_shape(), s.plan_tau)
         return Planner(PlanCosts.from_stored(self.machine.costs), s.beam_size, shape)

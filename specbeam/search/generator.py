@@ -108,9 +108,6 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         self._vocab_info = target_vocab_info
         self._draft_shape = s.draft_shape()  # the shape in effect; a budget may shrink it
         self._relaxation = s.relaxation()
-        self._max_gen_len = s.gen_len
-        limit = model.max_target_seq_len
-        self._max_seq_len = limit if s.max_seq_len is None else min(s.max_seq_len, limit)
         self._capacity_increment = checked_increment(s.decode_capacity_increment)
         self._step_processors = list(step_processors or [])
         self._runtime = Runtime(config.machine.runtime_config())
@@ -174,8 +171,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
                 out.hypotheses, out.counters, SpecStats(plain_sources=len(source_seqs))
             )
         prompt_len, min_seq_len, max_seq_len = length_limits(
-            source_seqs_layout, prompt_seqs_layout, self._max_gen_len,
-            self.config.search.min_gen_len, self._max_seq_len,
+            source_seqs_layout, prompt_seqs_layout, self.config.search.gen_len,
+            self.config.search.min_gen_len,
+            self.config.search.seq_len_limit(self._model.max_target_seq_len),
         )  # fmt: skip
         prompts = prompt_seqs[:, :prompt_len]
         if not speculate:

@@ -191,9 +191,6 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         self._vocab_info = target_vocab_info
         self._filter = sampler_filter(sampler)
         self._num_gens = num_gens
-        self._max_gen_len = s.gen_len
-        limit = model.max_target_seq_len
-        self._max_seq_len = limit if s.max_seq_len is None else min(s.max_seq_len, limit)
         self._capacity_increment = checked_increment(s.decode_capacity_increment)
         self._compute_scores = compute_scores
         self._generator = generator
@@ -225,8 +222,9 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
         prompt_len, min_seq_len, max_seq_len = length_limits(
-            source_seqs_layout, prompt_seqs_layout, self._max_gen_len,
-            self.config.search.min_gen_len, self._max_seq_len,
+            source_seqs_layout, prompt_seqs_layout, self.config.search.gen_len,
+            self.config.search.min_gen_len,
+            self.config.search.seq_len_limit(self._model.max_target_seq_len),
         )  # fmt: skip
         g = self._num_gens
         seq_lens = [n for n in source_seqs_layout.seq_lens for _ in range(g)]
