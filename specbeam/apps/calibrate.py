@@ -258,6 +258,14 @@ class GridRow:
     vs_fairseq2: float  # fairseq2's beam search's seconds ÷ this setting's
 
 
+def at_gamma(decoding: DecodingConfig, gamma: int, draft_width: int) -> DecodingConfig:
+    """`decoding` at a grid cell: adaptive bounds that leave out γ widen to reach it."""
+    bounds = decoding.gamma_bounds
+    if bounds is not None:
+        bounds = [min(bounds[0], gamma), max(bounds[1], gamma)]
+    return dataclasses.replace(decoding, gamma=gamma, draft_width=draft_width, gamma_bounds=bounds)
+
+
 def run_grid(
     cfg: CalibrateConfig,
     decoding: DecodingConfig,
@@ -291,7 +299,7 @@ def run_grid(
         MethodRun(
             f"gamma={g} width={w}",
             make_generator(
-                dataclasses.replace(decoding, gamma=g, draft_width=w),
+                at_gamma(decoding, g, w),
                 target,
                 draft,
                 tokenizer.vocab_info,
@@ -354,11 +362,18 @@ def grid_table(rows: list[GridRow]) -> str:
 
 
 def write_hardware(
-    cfg: CalibrateConfig, decoding: str, k: int, best: GridRow, cal: Calibration
+    cfg: CalibrateConfig,
+    decoding: str,
+    k: int,
+    best: GridRow,
+    cal: Calibration,
+    bounds: list[int] | None,
 ) -> Path:
     plan = cal.costs
     tuned = {**cfg.hardware.tuned.get(decoding, {}), "gamma": best.gamma,
              "draft_width": best.draft_width, "plan_tau": round(best.shape.tau, 2)}  # fmt: skip
+    if bounds is not None:
+        tuned["gamma_bounds"] = bounds
     costs = plan.to_stored()
     kept = ""
     if plan.accept_ms < 0 or plan.plain_step_ms < 0:
@@ -416,7 +431,8 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     with torch.inference_mode():
         cal, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
     best = max(rows, key=lambda r: r.measured)
-    path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cal)
+    bounds = at_gamma(decoding, best.gamma, best.draft_width).gamma_bounds
+    path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cal, bounds)
     print(describe(cal, cfg.hardware, decoding.beam_size))
     print(f"\n{cfg.method} on {len(sources)} {cfg.split} sentences, batch 1:\n")
     print(grid_table(rows))
