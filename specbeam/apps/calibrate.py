@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import resource
 import socket
 import statistics
 import sys
@@ -411,6 +412,11 @@ def write_hardware(
     return path
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def calibrate(cfg: CalibrateConfig) -> Path:
     cfg.hardware.apply()
     decoding = cfg.hardware.tune(load_decoding(cfg.method))
@@ -440,7 +446,9 @@ def calibrate(cfg: CalibrateConfig) -> Path:
         f"\nbest measured: gamma={best.gamma} draft_width={best.draft_width} "
         f"({best.measured:.2f}× specbeam's plain search, predicted {best.predicted:.2f}×; "
         f"{best.vs_fairseq2:.2f}× fairseq2's)\n"
-        f"wrote {path} (use: hardware={cfg.name})"
+        f"wrote {path} (use: hardware={cfg.name})\n"
+        f"peak resident memory: {peak_rss_mb():.0f} MiB (this process: the pair, its packed "
+        "weights and every search above)"
     )
     return path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,8 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     assert printed.count("| 2 | 5 |") + printed.count("| 5 | 6 |") == 2
     assert path.read_text().startswith("# Written by `python -m specbeam.calibrate`")
     assert "beside the calls" in printed and "| beside ms/pass |" in printed
+    peak = re.search(r"peak resident memory: (\d+) MiB", printed)
+    assert peak is not None and int(peak.group(1)) > 100  # torch and fairseq2 alone take more
 
     loaded = compose_config(
         "evaluate", ["hardware=cal_test", f"hydra.searchpath=[file://{tmp_path}]"]
