@@ -375,18 +375,22 @@ def write_hardware(
              "draft_width": best.draft_width, "plan_tau": round(best.shape.tau, 2)}  # fmt: skip
     if bounds is not None:
         tuned["gamma_bounds"] = bounds
-    costs = plan.to_stored()
-    kept = ""
-    if plan.accept_ms < 0 or plan.plain_step_ms < 0:
-        # The runs were faster than their timed calls: the machine's speed changed between
-        # the two (a shared host), and such costs would misprice every batch.
-        kept = (
-            f"costs not written (the runs took less than their timed calls: {plan.accept_ms:.2f} "
-            f"ms per pass and {plan.plain_step_ms:.2f} ms per plain step beside them; the "
-            f"machine's speed changed during calibration: run it again); kept {cfg.hardware.name}'s"
+    negative = plan.accept_ms < 0 or plan.plain_step_ms < 0
+    if negative:
+        # The searches ran faster than their timed calls add up to: the machine's speed
+        # changed between the two (a shared host), or the timed calls cost more than the
+        # same calls inside a search (a large target streaming its weights). The calls'
+        # costs still hold; work beside them cannot be negative.
+        plan = dataclasses.replace(
+            plan, accept_ms=max(plan.accept_ms, 0.0), plain_step_ms=max(plan.plain_step_ms, 0.0)
         )
-        log.warning(kept)
-        costs = cfg.hardware.costs
+        note = (
+            f"work beside the calls written as 0 where it came out negative ({cal.costs.accept_ms:.2f} "
+            f"ms per pass, {cal.costs.plain_step_ms:.2f} ms per plain step): the searches took less "
+            "than their timed calls (on a shared machine, run it again)"
+        )
+        log.warning(note)
+    costs = plan.to_stored()
     hw = dataclasses.replace(
         cfg.hardware, name=cfg.name, costs=costs, tuned={**cfg.hardware.tuned, decoding: tuned}
     )
@@ -403,7 +407,7 @@ def write_hardware(
         f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.shape.tau:.2f}, "
         f"over specbeam's plain search predicted {best.predicted:.2f}×, measured "
         f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
-        *([f"# {kept}."] if kept else []),
+        *([f"# {note}."] if negative else []),
     ]
     path = user_path(cfg.hardware_dir) / f"{cfg.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
