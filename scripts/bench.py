@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench.py --quick      # CI: tiny untrained models, 4 test sentences
     .venv/bin/python scripts/bench.py              # the embedded pair, every 7th test sentence
-    .venv/bin/python scripts/bench.py --every 1    # the full test set (about an hour)
+    .venv/bin/python scripts/bench.py --every 1    # the full test set
     .venv/bin/python scripts/bench.py --hardware calibrated --limit 300
     .venv/bin/python scripts/bench.py --draft ~/.cache/specbeam/head/best.pt   # another draft
 
@@ -88,8 +88,7 @@ QUICK = BenchSettings(
     limit=4, slot_counts=(1, 5, 10, 25), repeats=3, threads=1, max_gen_len=(0.5, 4),
     calibration=2,
 )  # fmt: skip
-# 212 of the 1,481 test verses, from every book: the six methods at batch 1 and two at
-# batch 16 take about a quarter of an hour on two cores.
+# Every 7th test verse: 212 of the 1,481, from every book.
 FULL = BenchSettings(
     limit=0, every=7, slot_counts=(1, 5, 10, 25, 50, 100), repeats=7, file_lines=300
 )
