@@ -16,8 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
     """Loads scripts/<name>.py, registered as module `name` while the test runs
-    (dataclasses look their module up; a script imports its siblings by name)."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    (dataclasses look their module up)."""
 
     def load(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
