@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench.py --quick      # CI: tiny untrained models, 4 test sentences
     .venv/bin/python scripts/bench.py              # the embedded pair, every 7th test sentence
-    .venv/bin/python scripts/bench.py --every 1    # the full test set (about an hour)
+    .venv/bin/python scripts/bench.py --every 1    # the full test set
     .venv/bin/python scripts/bench.py --hardware calibrated --limit 300
     .venv/bin/python scripts/bench.py --draft ~/.cache/specbeam/head/best.pt   # another draft
 
@@ -10,7 +10,9 @@ Every comparison runs both methods on the same batches with the same models and 
 (`specbeam.apps.compare.run_side_by_side`). Efficiency is the measured speculation gain over
 the one the planner's cost model predicts from the run's τ and trees: decoder calls timed
 in this run, the steps and the work a pass does beside its calls calibrated on dev
-sentences first (`PlanCosts.fit`, as `specbeam.calibrate` does). Writes bench.md,
+sentences first (`PlanCosts.fit`, as `specbeam.calibrate` does). The ceiling table prices
+trees a perfect draft would fill (`PassShape.perfect`) with the run's fitted costs: what a
+better draft could gain on this machine, a prediction, not a measurement. Writes bench.md,
 bench.json and bench.png to the output directory.
 """
 
@@ -43,7 +45,8 @@ from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
-from specbeam.search.planner import LinearCost, PassShape
+from specbeam.search.draft import DraftShape
+from specbeam.search.planner import LinearCost, PassShape, PlanCosts
 from specbeam.search.runtime import Runtime
 
 matplotlib.use("Agg")
@@ -85,8 +88,7 @@ QUICK = BenchSettings(
     limit=4, slot_counts=(1, 5, 10, 25), repeats=3, threads=1, max_gen_len=(0.5, 4),
     calibration=2,
 )  # fmt: skip
-# 212 of the 1,481 test verses, from every book: the six methods at batch 1 and two at
-# batch 16 take about a quarter of an hour on two cores.
+# Every 7th test verse: 212 of the 1,481, from every book.
 FULL = BenchSettings(
     limit=0, every=7, slot_counts=(1, 5, 10, 25, 50, 100), repeats=7, file_lines=300
 )
@@ -220,13 +222,51 @@ def pass_breakdown(run: MethodRun, target: LinearCost) -> dict[str, float]:
 
 
 def cost_record(cal: Calibration, beam_size: int) -> dict[str, object]:
-    """`cal` under the names bench.json has always used (scripts/ceiling.py reads old files)."""
+    """`cal` under the names bench.json has always used, so that runs compare across commits."""
     costs = cal.costs
     return {
         "verify": dataclasses.asdict(costs.target), "draft": dataclasses.asdict(costs.draft),
         "step_ms": cal.fairseq2_step_ms, "lean_step_ms": costs.plain_ms(beam_size),
         "beside_ms": costs.accept_ms, "points": cal.calls,
     }  # fmt: skip
+
+
+CEILING_TREES: tuple[tuple[int, int], ...] = ((2, 10), (3, 10), (4, 5), (6, 5), (8, 5))
+"""(γ, width) of the trees priced with a perfect draft; width = beam size suffices then."""
+
+
+def ceiling_table(costs: PlanCosts, seen: PassShape, fairseq2_step_ms: float, k: int) -> str:
+    """The run's own pass shape and trees whose every level holds the target's beam (a
+    pass advances γ + 1 steps), priced at batch 1 as the planner prices them: the cost
+    model's ceiling for speculation on this machine."""
+    rows = [("today, measured τ", seen)]
+    rows += [
+        (f"γ {g}, width {w}, perfect draft", PassShape.perfect(DraftShape(beam_size=k, depth=g, width=w)))
+        for g, w in CEILING_TREES
+    ]  # fmt: skip
+    plain = costs.plain_ms(k)
+    lines = [
+        f"lean plain step {plain:.2f} ms, fairseq2's beam step {fairseq2_step_ms:.2f} ms, "
+        f"{costs.accept_ms:.2f} ms per pass beside the calls",
+        "",
+        "| tree | verified tokens | draft calls | pass ms | τ | ms per step | vs lean plain | vs fairseq2 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for name, shape in rows:
+        ms = costs.pass_ms(True, k, 1, shape)
+        lines.append(
+            f"| {name} | {shape.slots:.1f} | {shape.draft_calls:.2f} | {ms:.1f} | {shape.tau:.2f} "
+            f"| {ms / shape.tau:.2f} | {costs.speedup(k, shape):.2f}× "
+            f"| {fairseq2_step_ms * shape.tau / ms:.2f}× |"
+        )
+    seen_ms = costs.pass_ms(True, k, 1, seen)
+    lines += [
+        "",
+        f"At the run's tree shape a pass costs {seen_ms:.1f} ms: τ {seen_ms / plain:.2f} breaks "
+        f"even with lean plain search, τ {1.5 * seen_ms / fairseq2_step_ms:.2f} gives 1.5× "
+        "fairseq2's beam search.",
+    ]
+    return "\n".join(lines)
 
 
 def breakdown_table(rows: dict[str, dict[str, float]]) -> str:
@@ -270,7 +310,8 @@ def file_runs(
     )  # fmt: skip
 
 
-def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]:
+def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> tuple[list[Goal], str]:
+    """The goals, and the ceiling table."""
     stages = tqdm(total=6, desc="bench", unit="stage", file=sys.stderr)
     if settings.threads is not None:
         cfg.hardware.threads = settings.threads
@@ -379,12 +420,14 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
         "fairseq2 target modules": pass_breakdown(single["spec_beam_fairseq2_target"], cost.target),
         "lean target": pass_breakdown(always, cost.target),
     }
+    ceiling = ceiling_table(cost, profile, fitted.fairseq2_step_ms, k)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(
         markdown(goals) + "\n\nA speculative pass at batch 1 (spec_beam always speculating), "
         f"target call fitted as {cost.target.a:.2f} + {cost.target.b:.3f}·T ms:\n\n"
         + breakdown_table(breakdown)
-        + "\n"
+        + "\n\nThe ceiling: a perfect draft's trees priced with this run's costs, batch 1 "
+        "(predicted, not measured):\n\n" + ceiling + "\n"
     )
     record = {
         "model": cfg.model.name, "hardware": dataclasses.asdict(cfg.hardware),
@@ -398,7 +441,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     }  # fmt: skip
     (out / "bench.json").write_text(json.dumps(record, indent=1) + "\n")
     plot(goals, out / "bench.png")
-    return goals
+    return goals, ceiling
 
 
 def main() -> None:
@@ -428,10 +471,11 @@ def main() -> None:
     check_checkpoints(cfg.model)
     torch.manual_seed(0)
     try:
-        goals = bench(cfg, settings, args.out)
+        goals, ceiling = bench(cfg, settings, args.out)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
     print(markdown(goals))
+    print(f"\nThe ceiling (predicted):\n\n{ceiling}")
     print(f"\nwrote {args.out}/bench.md, bench.json, bench.png")
 
 

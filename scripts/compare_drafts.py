@@ -1,18 +1,19 @@
-"""The embedded task's draft comparison: for each draft checkpoint (a draft decoder or a
-draft head), its own parameters, one decoder step's cost relative to the target's (beam 5,
-this CPU, the same call timed for both), top-1 and top-k agreement with the target under
-teacher forcing on dev, its own greedy dev BLEU (drafts that translate alone), τ in
-exact speculative beam search, and the coverage of the target's beam at each depth.
+"""The embedded task's draft comparison: drafts and heads measured against one target.
+
+    .venv/bin/python scripts/compare_drafts.py --target tasks/bible_es_en/models/target.pt \\
+        --gamma 2 --draft-width 10 shipped=tasks/bible_es_en/models/head.pt new=~/.cache/specbeam/head/best.pt
+
+For each draft checkpoint (a draft decoder or a draft head): its own parameters, one decoder
+step's cost relative to the target's (beam 5, this CPU, the same call timed for both), top-1
+and top-k agreement with the target under teacher forcing on dev, its own greedy dev BLEU
+(drafts that translate alone), τ in exact speculative beam search, and the coverage of the
+target's beam at each depth.
 
 Coverage at depth d: the share of verification passes in which the target's beam took
 step d inside the drafted tree (all k hypotheses it kept were drafted nodes), i.e. the
 passes that advanced more than d steps. Every draft drafts trees of the same shape
-(γ, width), so the counts compare at equal tree size.
-
-    .venv/bin/python scripts/compare_drafts.py --target ~/.cache/specbeam/target_final.pt \\
-        ref=~/.cache/specbeam/draft_ref/best.pt small_kd=~/.cache/specbeam/draft_small_kd/best.pt
-
-Writes drafts.md, drafts.json and drafts.png to --out.
+(γ, width), so the counts compare at equal tree size. Writes drafts.md, drafts.json and
+drafts.png to --out.
 """
 
 from __future__ import annotations

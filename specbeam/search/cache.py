@@ -8,8 +8,8 @@ slots a verification or draft call appends ("speculative slots") follow at `widt
 Rollback is resetting `spec_len`. Commit moves no prefix: each surviving hypothesis takes
 its origin's column map and writes its accepted path into its own column at the next
 positions, which no live hypothesis uses yet (all of a source's hypotheses have the same
-length). Copying the prefixes cost a spec_beam pass 0.55 ms at batch 1 (Zen 4), even when
-only branching children copied.
+length). Copying prefixes, even only for branching children, was a measurable share of a
+pass (docs/bench.md).
 
 Like fairseq2's `FullAttentionState`, the buffer grows by `increment` positions when a
 call needs more (None: it is allocated at `max_capacity` up front), and growing copies
@@ -35,9 +35,8 @@ from specbeam.search.runtime import Runtime
 def surviving_rows(done: Tensor) -> Tensor:
     """`keep` for `select_sources` when the sources `done` (S,) finish: survivors within the
     first S' rows stay where they are, the ones beyond fill the finished rows' places. So
-    only those move (the caches copy moved rows only). Keeping the order moved every row
-    after the first finished one: lean plain beam 5 in batches of 16 spent 0.32 ms a step
-    in the target cache's `select_sources`, now 0.15-0.17 (Zen 4, 106 test verses)."""
+    only those move (the caches copy moved rows only). Keeping the order would move every
+    row after the first finished one, at every step a source finishes."""
     alive = ~done
     keep = torch.arange(int(alive.sum()), device=done.device)
     num_alive = len(keep)
@@ -217,9 +216,9 @@ class SpeculativeKVCache:
         row keep[i]; see `surviving_rows`).
 
         The moved rows' live positions are copied in place, one layer's keys or values at
-        a time, and the buffer stays allocated until it next grows: in a batch of 40,
+        a time, and the buffer stays allocated until it next grows: in a large batch,
         sources finish one after another, and copying the whole cache into a new buffer
-        each time took 17% of the decoding time (AMD EPYC Zen 3)."""
+        each time is a large share of the decoding time (docs/bench.md)."""
         moved = (keep != torch.arange(len(keep), device=keep.device)).nonzero().squeeze(1)
         if len(moved):
             src = keep.index_select(0, moved)

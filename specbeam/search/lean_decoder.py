@@ -86,8 +86,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
 
 MIN_PADDING = 0.1
 """Below this share of padding a call computes every slot: unpacking the logits and the
-layers' attention inputs costs about what the few rows save (batches of 4, embedded
-pair: packing from any padding 1.04×, from a tenth 1.07×)."""
+layers' attention inputs costs about what the few rows save (docs/bench.md, "Packed
+verification at batch > 1")."""
 
 
 @final

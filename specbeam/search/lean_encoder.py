@@ -1,12 +1,10 @@
 """A pre-LN fairseq2 encoder's forward pass as plain tensor ops.
 
-The encoder runs once per sentence, through fairseq2's modules on PyTorch's default
-(MKL) linears: 26.1 ms for a 30-token sentence of the embedded target against 15.5 ms on
-the packed oneDNN linears of `specbeam.search.onednn` (AMD EPYC Zen 3, 2 threads), with
-outputs 2e-6 apart. Decoders on the lean path (`lean_target`) encode here too, for
-batches of at most `MAX_TOKENS` padded source tokens: oneDNN's lead shrinks with the rows
-(the embedded target's encoder in batches of 4/8/16/40 test verses: 61.0/116.0/236.4/790.7 ms
-against fairseq2's 66.8/118.2/243.6/740.4; the last holds 2,160 padded tokens).
+fairseq2's modules run the encoder on PyTorch's default (MKL) linears; the packed oneDNN
+linears of `specbeam.search.onednn` encode a sentence markedly faster, with outputs within
+fp32 rounding. Decoders on the lean path (`lean_target`) encode here too, for batches of
+at most `MAX_TOKENS` padded source tokens: oneDNN's lead shrinks as the rows grow and is
+lost in the largest batches measured (docs/bench.md).
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@
 Each small op of a decoder call (norms, views, residual adds, attention's transposes,
 cache writes: ~30 per layer) costs several times its back-to-back time in Python,
 because every product before it streamed weights through the CPU's caches and evicted the
-interpreter's working set. The same ATen ops called from C++ skip the interpreter: on the
-2-core Xeon of docs/bench.md (session 17), six target layers at 5 rows took 14.6 against
-21.4 ms per beam-search step side by side, with bit-identical logits.
+interpreter's working set. The same ATen ops called from C++ skip the interpreter and
+give bit-identical logits; the step time this saves is in docs/bench.md.
 
 The extension is built by torch's `cpp_extension` on first use (about a minute, in
 `~/.cache/specbeam/native/<hash of sources, torch and Python>` or `$SPECBEAM_NATIVE_DIR`);
@@ -67,7 +66,8 @@ def build_dir() -> Path:
 @functools.cache
 def build() -> ModuleType | None:
     """The compiled extension, built if it is not yet; None where it cannot be. A built
-    one is imported directly (torch's `load` checks the build again: 1.3 s a process)."""
+    one is imported directly: torch's `load` would check the build again, a start-up cost
+    in every process (docs/bench.md)."""
     where = build_dir()
     built = where / f"{NAME}.so"
     try:

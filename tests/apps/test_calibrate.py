@@ -1,11 +1,8 @@
-"""Calibration's timed calls, the hardware config it writes, and the benchmark scripts."""
+"""Calibration's timed calls, the hardware config it writes, and hardware=cpu's planner."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ from specbeam.apps.calibrate import Calibration, CallTimer, GridRow, calibrate, 
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.apps.hardware import HardwareConfig, load_hardware
-from specbeam.integration.models import ModelPairConfig, build_model
+from specbeam.integration.models import build_model
 from specbeam.search.config import SpeculativeSearchConfig
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
 from tests.conftest import TARGET_ARCH, sources
@@ -95,39 +92,6 @@ def test_tuned_settings_must_be_decoding_settings() -> None:
         hw.tune(load_decoding("spec_beam"))
 
 
-def test_bench_quick_prints_every_goal(tmp_path) -> None:
-    cmd = [sys.executable, "scripts/bench.py", "--quick", "--out", str(tmp_path)]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    for row in (
-        "| spec_beam 5 as configured (planner: ",
-        "| kernel gain: specbeam's plain beam 5 (lean) vs fairseq2's, batch 1 |",
-        "| speculation gain: spec_beam 5 always speculating vs lean plain, batch 1 |",
-        "| spec beam 5, batch 1: τ at γ=",
-        "| efficiency: measured ÷ predicted speculation gain |",
-        "| spec_beam 5 as configured, batches of 16: sentences/s vs beam |",
-        "| spec greedy as configured vs greedy, batch 1: wall time |",
-        "| relaxed beam 5, batch 1: wall time |",
-        "| peak KV cache, self + cross attention (target + draft) ÷ beam's |",
-        "| ms per pass | fairseq2 target modules | lean target |",
-    ):
-        assert row in result.stdout + (tmp_path / "bench.md").read_text()
-    for exact in ("spec_beam 5 as configured", "specbeam's plain beam 5 (lean)",
-                  "spec_beam 5 always speculating"):  # fmt: skip
-        assert f"| {exact}, batch 1: identical output | – | 1.000 identical |" in result.stdout
-    for name in ("bench.md", "bench.json", "bench.png"):
-        assert (tmp_path / name).stat().st_size > 0
-
-
-def test_bench_names_missing_checkpoints_in_one_line(monkeypatch) -> None:
-    bench = _script("bench", monkeypatch)
-    pair = ModelPairConfig(name="future", target="tasks/none/target.pt", draft="random")
-    with pytest.raises(
-        SystemExit, match="checkpoint tasks/none/target.pt does not exist yet.*tiny_random"
-    ):
-        bench.check_checkpoints(pair)
-
-
 def test_cpu_config_plans_exact_decodings_only() -> None:
     """hardware=cpu's cost model: exact spec_beam speculates one sentence at a time and runs
     plain search for batches (compute-bound verification); relaxed is never switched."""
@@ -142,36 +106,6 @@ def test_cpu_config_plans_exact_decodings_only() -> None:
     assert planner(load_decoding("spec_beam:plan=false")) is None
     with pytest.raises(ValueError, match="hardware=gpu9 is unknown; allowed: cpu"):
         load_hardware("gpu9")
-
-
-def _script(name: str, monkeypatch):  # noqa: ANN001, ANN202
-    """A script loaded by path, registered as its module name while the test runs
-    (dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_ceiling_prices_a_perfect_draft_from_the_bench_costs(monkeypatch) -> None:
-    """Target 10 + 0.2·T ms, draft calls 2 ms, 4 ms per pass beside the calls: a perfect
-    γ 2 / width 10 tree verifies 25 tokens with 2 draft calls (23 ms) for τ 3."""
-    record = {
-        "cost_model": {"verify": {"a": 10.0, "b": 0.2}, "draft": {"a": 2.0, "b": 0.0}, "step_ms": 13.2},
-        "pass_breakdown": {"lean target": {"acceptance": 2.0, "cache commit": 1.0, "other": 1.0}},
-        "lean_plain_step_ms": 12.0,
-        "pass_profile": {"slots": 25.0, "draft_calls": 2.0, "draft_slots": 10.0, "tau": 2.0},
-    }  # fmt: skip
-    out = _script("ceiling", monkeypatch).table(record)
-    assert "| today, measured τ | 25.0 | 2.00 | 23.0 | 2.00 | 11.50 | 1.04× | 1.15× |" in out
-    assert (
-        "| γ 2, width 10, perfect draft | 25.0 | 2.00 | 23.0 | 3.00 | 7.67 | 1.57× | 1.72× |" in out
-    )
-    assert (
-        "| γ 4, width 5, perfect draft | 25.0 | 4.00 | 27.0 | 5.00 | 5.40 | 2.22× | 2.44× |" in out
-    )
-    assert "τ 1.92 breaks even with lean plain search, τ 2.61 gives 1.5×" in out
 
 
 @pytest.mark.parametrize("beside_ms", [2.5, -4.8])

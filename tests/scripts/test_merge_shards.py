@@ -3,22 +3,14 @@ one-line error naming the shard that is missing or has the wrong lines."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def merge_shards(monkeypatch):  # noqa: ANN001, ANN201
-    spec = importlib.util.spec_from_file_location("merge_shards", REPO / "scripts/merge_shards.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "merge_shards", module)
-    spec.loader.exec_module(module)
-    return module.main
+def merge_shards(script):  # noqa: ANN001, ANN201
+    return script("merge_shards").main
 
 
 @pytest.fixture
