@@ -1,24 +1,19 @@
 """Linear layers through oneDNN with weights packed once.
 
 A decoder call multiplies a few rows (beam size, or the verified slots) by every weight
-of the decoder. On the AMD EPYC CPUs this project is measured on, PyTorch's default
-(MKL) sgemm runs those shapes at about a third of the speed oneDNN reaches with a
-weight packed once into its blocked layout (2 threads, weights out of cache:
-512×2048 at 27 rows 504 vs 179 µs, at 5 rows 289 vs 97 µs; the 8000-way output
-projection at 5 rows 1424 vs 362 µs). CTranslate2 owes much of its lead to the same.
-The packed copies are kept per weight (repacked when its data changes),
-for inference only: with autograd on, or where oneDNN cannot run the weight (off the
-CPU, or of a type it lacks), this is `torch.nn.functional.linear`. Same arithmetic up to fp32 rounding (≈ 4e-6 on 512-wide
-dot products).
+of the decoder. PyTorch's default (MKL) sgemm runs those shapes far below the speed oneDNN
+reaches with a weight packed once into its blocked layout, on the AMD CPUs measured
+(`docs/bench.md`, Figures behind design choices); CTranslate2 owes much of its lead over
+fairseq2 to the same. The packed copies are kept per weight (repacked when its data
+changes), for inference only: with autograd on, or where oneDNN cannot run the weight (off
+the CPU, or of a type it lacks), this is `torch.nn.functional.linear`. Same arithmetic up
+to fp32 rounding.
 
-On Intel CPUs MKL dispatches its own small-GEMM kernels, and below a few rows they beat
-oneDNN (Xeon with AVX-512 and AMX, 2 threads, a target call's fp32 weights out of cache:
-1 row 2.67 vs 3.88 ms, 4 rows 4.24 vs 4.60, 8 rows 5.40 vs 5.59, 12 rows 7.15 vs 5.98).
-So fp32 products of fewer than `min_rows` rows go to MKL: by default 8 on Intel CPUs,
-1 (never) elsewhere. A row count of 4 or more that recurs (beam 5's plain steps: 5 rows,
-every call) runs on MKL's packed GEMM, whose copy of the weight is packed for that one row
-count: lean plain beam 5 at one sentence ran 11.28-11.29 against 12.25-12.26 ms per step
-side by side (Xeon, 53 test verses, identical output).
+On Intel CPUs MKL dispatches its own small-GEMM kernels, which beat oneDNN below a few
+rows; so fp32 products of fewer than `min_rows` rows go to MKL (by default 8 on Intel
+CPUs, never elsewhere). A row count of `MIN_PACKED_ROWS` or more that recurs (beam 5's
+plain steps: 5 rows, every call) runs on MKL's packed GEMM, whose copy of the weight is
+packed for that one row count.
 """
 
 from __future__ import annotations
@@ -39,8 +34,8 @@ from specbeam.search.runtime import Runtime
 
 class _PerTensor:
     """Values kept while their tensor lives, found by `id`. torch's WeakIdKeyDictionary
-    builds a weak reference on every lookup: 2.4 against 0.24 µs here, and a decoder call
-    makes one or two lookups per product."""
+    builds a weak reference on every lookup, ten times the cost of this one, and a decoder
+    call makes one or two lookups per product."""
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, Any]] = {}
@@ -72,8 +67,7 @@ call of a batch must not cost a copy of the model."""
 MAX_ROW_COUNTS = 2
 """Row counts packed per weight: each is a copy of it (the target's 104 MB)."""
 MIN_PACKED_ROWS = 4
-"""Below this, MKL's packed GEMM loses to its plain one (Xeon, 2 threads, the target's
-weights out of cache: 3 rows 5.93 vs 5.31 ms, 4 rows 6.15 vs 7.27, 5 rows 6.49 vs 7.50)."""
+"""Below this, MKL's packed GEMM loses to its plain one (an Intel Xeon: `docs/bench.md`)."""
 _MKL = torch.backends.mkl.is_available()  # a build-time property, read once
 
 
@@ -89,8 +83,7 @@ def active() -> bool:
 
 def bf16_native() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX). Without, oneDNN
-    refuses bf16 and PyTorch emulates it: a bf16 draft then runs about 2× slower than
-    fp32 (AMD EPYC Zen 3: 30.4 vs 15.7 ms of drafting per pass)."""
+    refuses bf16 and PyTorch emulates it, slower than fp32."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
