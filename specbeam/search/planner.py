@@ -253,8 +253,8 @@ class Planner:
         summed over them, of the call's own `shape` if speculative: its trees were not the
         running mean's) moves that kind's measured ÷ predicted factor: a mean over the
         passes timed so far, then each pass weighs 1/200 (timings are noisier than τ). A
-        slowly moving factor misleads: one that had climbed from 1 to 1.2 while the
-        other stood at 3 priced speculation 2.2× faster than it was."""
+        slowly moving factor from the start would mislead: one kind's factor still near 1
+        while the other's stood far off would misprice their ratio by the difference."""
         self._timed_calls[speculative] += 1
         if self._timed_calls[speculative] == 1 or passes == 0:
             return
