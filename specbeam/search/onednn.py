@@ -67,7 +67,7 @@ call of a batch must not cost a copy of the model."""
 MAX_ROW_COUNTS = 2
 """Row counts packed per weight: each is a copy of it (the target's 104 MB)."""
 MIN_PACKED_ROWS = 4
-"""Below this, MKL's packed GEMM loses to its plain one (an Intel Xeon: `docs/bench.md`)."""
+"""Below this, MKL's packed GEMM loses to its plain one (on the Intel CPU measured: `docs/bench.md`)."""
 _MKL = torch.backends.mkl.is_available()  # a build-time property, read once
 
 
