@@ -290,6 +290,11 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
     decodings["spec_greedy_always"] = dataclasses.replace(
         decodings["spec_greedy"], name="spec_greedy_always", plan=False
     )
+    # Per-pass gating (planner.Gate), with the per-call planner and without it.
+    decodings["spec_beam_gated"] = dataclasses.replace(spec, name="spec_beam_gated", gate=True)
+    decodings["spec_beam_gated_always"] = dataclasses.replace(
+        spec, name="spec_beam_gated_always", gate=True, plan=False
+    )
     if settings.max_gen_len is not None:
         for d in decodings.values():
             d.max_gen_len = list(settings.max_gen_len)
@@ -358,6 +363,10 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> list[Goal]
         exact(beam, lean, f"specbeam's plain beam {k} (lean), batch 1: identical output"),
         speedup(lean, always, f"speculation gain: spec_beam {k} always speculating vs lean plain, batch 1", 1.0),
         exact(beam, always, f"spec_beam {k} always speculating, batch 1: identical output"),
+        speedup(lean, single["spec_beam_gated"], f"per-pass gating: spec_beam {k} gated, planner on, vs lean plain, batch 1", 1.0),
+        exact(beam, single["spec_beam_gated"], f"spec_beam {k} gated, planner on, batch 1: identical output"),
+        speedup(lean, single["spec_beam_gated_always"], f"per-pass gating: spec_beam {k} gated, every call speculating, vs lean plain, batch 1", 1.0),
+        exact(beam, single["spec_beam_gated_always"], f"spec_beam {k} gated, every call speculating, batch 1: identical output"),
         Goal(f"spec beam {k}, batch 1: τ at γ={spec.gamma}" + (f" (adaptive in {spec.gamma_bounds})" if spec.gamma_bounds else ""),
              "1.00", f"{profile.tau:.2f}", profile.tau, 4.0),
         Goal("efficiency: measured ÷ predicted speculation gain", f"{predicted:.2f}× predicted",
