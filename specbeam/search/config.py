@@ -103,7 +103,9 @@ class SpeculationSettings:
     gate: bool = False
     """Exact beam search with the machine's cost model: choose per pass and source
     between the draft tree and a plain step, from the draft's confidence at the tree's
-    first level (`planner.Gate`); false: every pass of a speculating call drafts."""
+    first level (`planner.Gate`); false: every pass of a speculating call drafts. Off by
+    default as `scripts/bench.py` measured it (docs/bench.md): a gated-off pass still pays
+    the draft's first call, so gated speculation lost to lean plain search at beam 5."""
     plain: str = "auto"
     """The plain beam search of calls that do not speculate: lean (this generator's own
     loop without a draft, on the lean decoder), fairseq2 (its
