@@ -138,8 +138,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
 
     @property
     def planner(self) -> Planner | None:
-        """What chooses per call between speculation and plain search (None: always
-        speculate where there is a draft)."""
+        """What chooses per call between speculation and plain search (with `plan`) and
+        prices the per-pass gate (with `gate`); None: always speculate where there is a
+        draft."""
         return self._planner
 
     @property
