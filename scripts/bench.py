@@ -44,6 +44,7 @@ from specbeam.apps.calibrate import Calibration, CountingGenerator, measure_call
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
+from specbeam.integration.hub import is_path
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.search.draft import DraftShape
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts
@@ -132,7 +133,7 @@ class Models:
 
 def check_checkpoints(model: ModelPairConfig) -> None:
     for spec in (model.target, model.draft):
-        if spec is not None and spec != "random" and not (REPO_ROOT / spec).exists():
+        if spec is not None and is_path(spec) and not (REPO_ROOT / spec).exists():
             raise SystemExit(
                 f"error: model {model.name}: checkpoint {spec} does not exist yet; "
                 "try --model tiny_random"
@@ -331,6 +332,11 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> tuple[list
     decodings["spec_greedy_always"] = dataclasses.replace(
         decodings["spec_greedy"], name="spec_greedy_always", plan=False
     )
+    # Per-pass gating (planner.Gate), with the per-call planner and without it.
+    decodings["spec_beam_gated"] = dataclasses.replace(spec, name="spec_beam_gated", gate=True)
+    decodings["spec_beam_gated_always"] = dataclasses.replace(
+        spec, name="spec_beam_gated_always", gate=True, plan=False
+    )
     if settings.max_gen_len is not None:
         for d in decodings.values():
             d.max_gen_len = list(settings.max_gen_len)
@@ -399,6 +405,10 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> tuple[list
         exact(beam, lean, f"specbeam's plain beam {k} (lean), batch 1: identical output"),
         speedup(lean, always, f"speculation gain: spec_beam {k} always speculating vs lean plain, batch 1", 1.0),
         exact(beam, always, f"spec_beam {k} always speculating, batch 1: identical output"),
+        speedup(lean, single["spec_beam_gated"], f"per-pass gating: spec_beam {k} gated, planner on, vs lean plain, batch 1", 1.0),
+        exact(beam, single["spec_beam_gated"], f"spec_beam {k} gated, planner on, batch 1: identical output"),
+        speedup(lean, single["spec_beam_gated_always"], f"per-pass gating: spec_beam {k} gated, every call speculating, vs lean plain, batch 1", 1.0),
+        exact(beam, single["spec_beam_gated_always"], f"spec_beam {k} gated, every call speculating, batch 1: identical output"),
         Goal(f"spec beam {k}, batch 1: τ at γ={spec.gamma}" + (f" (adaptive in {spec.gamma_bounds})" if spec.gamma_bounds else ""),
              "1.00", f"{profile.tau:.2f}", profile.tau, 4.0),
         Goal("efficiency: measured ÷ predicted speculation gain", f"{predicted:.2f}× predicted",

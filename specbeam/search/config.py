@@ -20,7 +20,7 @@ from typing import Any
 
 from specbeam.search.draft import DraftShape
 from specbeam.search.memory import MB
-from specbeam.search.planner import PassShape, PlanCosts, Planner
+from specbeam.search.planner import Gate, PassShape, PlanCosts, Planner
 from specbeam.search.relax import Relaxation
 from specbeam.search.runtime import RuntimeConfig
 
@@ -100,6 +100,12 @@ class SpeculationSettings:
     is priced slower; false: always speculate."""
     plan_tau: float = 1.8
     """The planner's guess of τ before it has seen a pass."""
+    gate: bool = False
+    """Exact beam search with the machine's cost model: choose per pass and source
+    between the draft tree and a plain step, from the draft's confidence at the tree's
+    first level (`planner.Gate`); false: every pass of a speculating call drafts. Off by
+    default as `scripts/bench.py` measured it (docs/bench.md): a gated-off pass still pays
+    the draft's first call, so gated speculation lost to lean plain search at beam 5."""
     plain: str = "auto"
     """The plain beam search of calls that do not speculate: lean (this generator's own
     loop without a draft, on the lean decoder), fairseq2 (its
@@ -217,12 +223,18 @@ class SpeculativeSearchConfig:
 
     def planner(self) -> Planner | None:
         """A fresh planner on the machine's cost model; None without costs, without
-        planning, or where the search may not switch to plain search."""
+        planning or gating, or where the search may not switch to plain search."""
         s = self.search
-        if not (self.machine.costs and s.plan and s.exact_beam):
+        if not (self.machine.costs and (s.plan or s.gate) and s.exact_beam):
             return None
         shape = PassShape.expected(s.draft_shape(), s.plan_tau)
         return Planner(PlanCosts.from_stored(self.machine.costs), s.beam_size, shape)
+
+    def gate(self, planner: Planner | None) -> Gate | None:
+        """The per-pass gate on `planner`'s costs, if gating."""
+        if planner is None or not self.search.gate:
+            return None
+        return Gate(planner, self.search.draft_shape())
 
 
 def settings_of(kind: type, source: object, **changes: Any) -> Any:

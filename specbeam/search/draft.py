@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Literal, final
+from typing import Literal, Protocol, final
 
 import torch
 from torch import Tensor
@@ -34,6 +34,19 @@ from specbeam.search.verify import Verification
 DraftStrategy = Literal["beam", "linear", "topm"]
 ChooseChildren = Callable[[Tensor, int, int], tuple[Tensor, Tensor, Tensor]]
 """(cand (S, m, V) cumulative scores, width, level) -> score, parent, token; (S, width)."""
+
+
+class PassGate(Protocol):
+    """Chooses per pass and source whether the tree below the first level is worth
+    verifying (`planner.Gate`): a source it turns off takes a plain step."""
+
+    def depths(self, confidence: Tensor, depths: Tensor) -> Tensor:
+        """confidence, depths (S,): each source's depth this pass, 0 where off."""
+
+    def observe(self, confidence: Tensor, depths: Tensor, steps: Tensor) -> None:
+        """The steps (S,) each source advanced at the depths `depths` chose."""
+
+
 DRAFT_STRATEGIES: tuple[str, ...] = ("beam", "linear", "topm")
 
 
@@ -76,6 +89,10 @@ class DraftShape:
             bounds = (min(bounds[0], max_depth), min(bounds[1], max_depth))
         return replace(self, depth=min(self.depth, max_depth), width=width, depth_bounds=bounds)
 
+    def at_depth(self, depth: int) -> DraftShape:
+        """This shape at a fixed `depth`."""
+        return replace(self, depth=depth, depth_bounds=None)
+
     def problems(self) -> list[tuple[str, object, str]]:
         """(keyword, value, what is allowed) of every setting out of range."""
         checks = [
@@ -105,9 +122,10 @@ class Drafter:
         prompt: Tensor,
         shape: DraftShape,
         choose: ChooseChildren | None = None,
+        gate: PassGate | None = None,
     ) -> None:
         """`choose` replaces the shape's choice of children (speculative sampling draws
-        them)."""
+        them); `gate` turns speculation off per pass and source."""
         num_sources = decoder.cache.lens.size(0)
         k = decoder.cache.k
         self.decoder = decoder
@@ -134,6 +152,10 @@ class Drafter:
         self.depths = torch.full(
             (num_sources,), shape.depth, dtype=torch.int64, device=prompt.device
         )
+        self.gate = gate
+        # The last pass's first-level confidence and depths, for the gate to learn from.
+        self.confidence: Tensor | None = None
+        self.drafted = self.depths
         # FR-Spec: a head drafts over its most frequent target-side tokens; a finished
         # hypothesis needs no draft, so EOS and padding are never among them.
         self.vocab: Tensor | None = None
@@ -175,7 +197,7 @@ class Drafter:
         level = hidden.gather(1, roots[..., None].expand(-1, -1, hidden.size(-1)))
         logits = self._logits(level)
         tokens, parents, valid, node_scores = [], [], [], []
-        parent_slots, cum = roots, scores
+        parent_slots, cum, depths = roots, scores, self.depths
         for d in range(depth):
             lprobs = self.rules.log_probs(logits)
             if self.vocab is None:
@@ -183,33 +205,43 @@ class Drafter:
                 if self.rules.pad_idx is not None:
                     lprobs[..., self.rules.pad_idx] = -torch.inf
             score, parent, token = self.choose(cum[..., None] + lprobs, width, d)
+            if d == 0 and self.gate is not None:
+                self.confidence = first_level_mass(cum, score)
+                depths = self.gate.depths(self.confidence, self.depths)
+                depth = int(depths.max())
+                if depth == 0:  # a plain step for every source: the draft has decoded its chains
+                    return self._no_tree(table, roots, depths)
             if self.vocab is not None:
                 token = self.vocab[token]
             if self.shape.prune_margin is not None:
                 kth = score.topk(min(self.shape.beam_size, score.size(1)), dim=1).values[:, -1:]
                 score = score.masked_fill(score < kth - self.shape.prune_margin, -torch.inf)
+            # Sources drafting no deeper leave no nodes for the draft calls to decode.
+            score = score.masked_fill((depths <= d)[:, None], -torch.inf)
             tokens.append(token)
             parents.append(parent)
             node_scores.append(score)
             valid.append(score > -torch.inf)
-            if d + 1 < depth:
-                begin = table.size
-                features = (
-                    level.gather(1, parent[..., None].expand(-1, -1, level.size(-1)))
-                    if dec.reads_features
-                    else None
-                )
-                parent_slots = table.add_nodes(token, parent_slots.gather(1, parent), valid[-1])
-                level = dec.forward(
-                    *table.query(begin, table.size),
-                    features=features,
-                    packing=dec.packing(table.valid[:, begin : table.size]),
-                )
-                logits = self._logits(level)
-                cum = score
+            if d + 1 == depth:
+                break
+            begin = table.size
+            features = (
+                level.gather(1, parent[..., None].expand(-1, -1, level.size(-1)))
+                if dec.reads_features
+                else None
+            )
+            parent_slots = table.add_nodes(token, parent_slots.gather(1, parent), valid[-1])
+            level = dec.forward(
+                *table.query(begin, table.size),
+                features=features,
+                packing=dec.packing(table.valid[:, begin : table.size]),
+            )
+            logits = self._logits(level)
+            cum = score
         self.table, self.root_slots = table, roots
         self.passes += depth
-        drafted = torch.arange(depth, device=self.depths.device) < self.depths[:, None]  # (S, D)
+        self.drafted = depths
+        drafted = torch.arange(depth, device=depths.device) < depths[:, None]  # (S, D)
         valid_levels = torch.stack(valid, 1) & drafted[..., None]
         tree = DraftTree(
             *(torch.stack(x, 1) for x in (tokens, parents)),
@@ -217,6 +249,12 @@ class Drafter:
             torch.stack(node_scores, 1),
         )
         return tree if self.shape.max_nodes is None else tree.limit(self.shape.max_nodes)
+
+    def _no_tree(self, table: SlotTable, roots: Tensor, depths: Tensor) -> DraftTree:
+        self.table, self.root_slots = table, roots
+        self.passes += 1
+        self.drafted = depths
+        return DraftTree.empty(roots.size(0), roots.device)
 
     def commit(
         self,
@@ -237,8 +275,11 @@ class Drafter:
             tree.width,
             self.root_slots.size(1) * self.pending.size(-1),
         )
-        deepest = node >= (tree.depth - 1) * width
-        last = torch.where(deepest, _parent_id(tree, node), node)
+        if tree.depth == 0:  # a plain step: the draft decoded the chains, every path ends at a root
+            deepest, last = node >= 0, node
+        else:
+            deepest = node >= (tree.depth - 1) * width
+            last = torch.where(deepest, _parent_id(tree, node), node)
         slot = torch.where(
             last < 0,
             self.root_slots.gather(1, origin),
@@ -246,7 +287,7 @@ class Drafter:
         )
         rows = torch.arange(slot.size(0), device=slot.device)[:, None]
         self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])
-        pending_node = tree.tokens.flatten(1).gather(1, node.clamp(min=0))
+        pending_node = tree.tokens.flatten(1).gather(1, node.clamp(min=0)) if tree.depth else roots
         self.pending = torch.stack([pending_node, roots], dim=-1)
         self.pending_len = 1 + deepest[:, 0].long()
         self.table = self.root_slots = None
@@ -276,16 +317,20 @@ class Drafter:
 
     def adapt(self, steps: Tensor) -> None:
         """steps: (S,) beam-search steps each source advanced in the last pass. A source
-        that took every level drafts one deeper; else halfway down to the steps it took."""
+        that took every level drafts one deeper; else halfway down to the steps it took.
+        A source the gate turned off keeps its depth: a plain step says nothing of it."""
+        if self.gate is not None and self.confidence is not None:
+            self.gate.observe(self.confidence, self.drafted, steps)
         if self.shape.depth_bounds is None:
             return
         lo, hi = self.shape.depth_bounds
-        want = torch.where(steps > self.depths, self.depths + 1, (self.depths + steps) // 2)
-        self.depths = want.clamp(lo, hi)
+        want = torch.where(steps > self.drafted, self.depths + 1, (self.depths + steps) // 2)
+        self.depths = torch.where(self.drafted > 0, want.clamp(lo, hi), self.depths)
 
     def select_sources(self, keep: Tensor) -> None:
         self.decoder.select_sources(keep)
         self.depths = self.depths.index_select(0, keep)
+        self.drafted = self.drafted.index_select(0, keep)
         self.pending = self.pending.index_select(0, keep)
         self.pending_len = self.pending_len.index_select(0, keep)
         if self.pending_features is not None:
@@ -312,6 +357,15 @@ def children(shape: DraftShape, cand: Tensor, width: int, d: int) -> tuple[Tenso
         score[..., 1:] = score[..., 1:].masked_fill(sure[..., None], -torch.inf)
     parent = torch.arange(m, device=cand.device)[:, None].expand(num_sources, m, branch)
     return _best(score.flatten(1), parent.flatten(1), token.flatten(1), width)
+
+
+def first_level_mass(scores: Tensor, first: Tensor) -> Tensor:
+    """(S,): the draft's probability of one beam step (every extension of every live
+    hypothesis, weighted by the hypothesis' score; scores (S, n)) that the tree's first
+    level (first (S, w), those extensions' scores) holds. Where it is high the target's
+    next beam is likely among them, and deeper levels tend to hold too: of the signals
+    before a target call, the one that best predicts the steps a pass advances."""
+    return (first.logsumexp(1) - scores.logsumexp(1)).exp().nan_to_num(0.0)
 
 
 def _best(

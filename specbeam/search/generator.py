@@ -113,6 +113,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         self._runtime = Runtime(config.machine.runtime_config())
         self._warned_shrink = False
         self._planner = config.planner() if draft_model is not None else None
+        self._gate = config.gate(self._planner)
         self._told_plain = False
         self._plain = (
             None
@@ -137,8 +138,9 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
 
     @property
     def planner(self) -> Planner | None:
-        """What chooses per call between speculation and plain search (None: always
-        speculate where there is a draft)."""
+        """What chooses per call between speculation and plain search (with `plan`) and
+        prices the per-pass gate (with `gate`); None: always speculate where there is a
+        draft."""
         return self._planner
 
     @property
@@ -228,7 +230,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             return False
         if limit is not None and num_sources > limit:
             why = f"batches of more than {limit} sentences (decoding.max_speculative_batch)"
-        elif planner is not None and not planner.speculate(num_sources):
+        elif planner is not None and self.config.search.plan and not planner.speculate(num_sources):
             size = f"{num_sources} sentence" + ("s" if num_sources != 1 else "")
             why = f"batches the planner prices faster without the draft (the first: {size})"
         else:
@@ -332,7 +334,9 @@ class _Op(SpeculativeLoop[BeamState]):
                 capacity=capacity, capacity_increment=gen._capacity_increment,
                 lean_draft=s.lean_draft, lean_target=s.lean_target,
             )  # fmt: skip
-            self.drafter: Drafter | None = Drafter(draft, self.rules, prompts[:, None, :], shape)
+            self.drafter: Drafter | None = Drafter(
+                draft, self.rules, prompts[:, None, :], shape, gate=gen._gate
+            )
         else:
             target = TreeDecoder(
                 gen.model, source_seqs, source_layout, hyps_per_source=k, capacity=capacity,

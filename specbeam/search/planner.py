@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, final
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from specbeam.search.draft import DraftShape
 from specbeam.search.stats import SpecStats
@@ -263,3 +265,100 @@ class Planner:
         self._timed_passes[speculative] += passes
         weight = min(1.0, passes / min(self._timed_passes[speculative], 200))
         self.factor[speculative] += weight * (ratio - self.factor[speculative])
+
+
+@final
+class Gate:
+    """Per pass and source: verify the draft tree only where it is predicted to pay, else
+    take a plain step (exact search: either gives beam search's output).
+
+    The signal is the draft's confidence at the tree's first level (`draft.first_level_mass`),
+    which the drafter computes before any deeper draft call or the target call. A pass of
+    depth d is predicted to advance τ(d) = 1 + Σ_{j≤d} Π_{i≤j} c_i steps, where c_i is the
+    share of passes in the signal's bin that, having covered level i − 1, covered level i:
+    learned from the passes that speculated, from a geometric prior that gives the
+    planner's τ. Both choices are priced by the planner's cost model: a plain step here
+    also pays the draft's first-level call, already made; the gate picks the depth (up to
+    the source's own) of the best predicted speedup, and a plain step where none exceeds
+    1. Where the best is within `explore` below 1, every `probe_every`-th such pass
+    speculates anyway, so that bins turned off stay measured.
+    """
+
+    def __init__(
+        self,
+        planner: Planner,
+        shape: DraftShape,
+        bins: int = 10,
+        prior_weight: float = 2.0,
+        explore: float = 0.15,
+        probe_every: int = 8,
+    ) -> None:
+        self.planner = planner
+        self.shape = shape
+        self.bins = bins
+        self.explore = explore
+        self.probe_every = probe_every
+        self._close = 0
+        levels = shape.max_depth
+        q = _geometric_ratio(planner.shape.tau, shape.depth)
+        self.reached = torch.full((bins, levels), prior_weight, dtype=torch.float64)
+        self.covered = self.reached * q
+        self._shapes = [PassShape.expected(shape.at_depth(d), 1.0) for d in range(1, levels + 1)]
+        self._priced: tuple[int, float, float] | None = None
+        self._ms = torch.zeros(levels + 1, dtype=torch.float64)
+
+    def _bin(self, confidence: Tensor) -> Tensor:
+        return (confidence.double() * self.bins).long().clamp(0, self.bins - 1).cpu()
+
+    def tau(self, confidence: Tensor) -> Tensor:
+        """(S, D + 1): the predicted steps of a pass of each depth 0…D."""
+        reach = (self.covered / self.reached)[self._bin(confidence)].cumprod(1)
+        return torch.nn.functional.pad(reach.cumsum(1), (1, 0)) + 1
+
+    def pass_ms(self, num_sources: int) -> Tensor:
+        """(D + 1,): predicted ms per source of a pass of each depth 0…D (depth 0: a plain
+        step and the first-level draft call), as the planner prices them now."""
+        p = self.planner
+        key = (num_sources, p._factor(False), p._factor(True))
+        if key != self._priced:
+            # The draft call is a speculative pass's part: its measured ÷ predicted factor.
+            off = (
+                p.pass_ms(False, num_sources) * key[1]
+                + p.costs.draft.ms(num_sources * p.k) * key[2]
+            )
+            spec = [p.pass_ms(True, num_sources, shape) * key[2] for shape in self._shapes]
+            self._ms = torch.tensor([off, *spec], dtype=torch.float64) / num_sources
+            self._priced = key
+        return self._ms
+
+    def depths(self, confidence: Tensor, depths: Tensor) -> Tensor:
+        ms = self.pass_ms(len(depths))
+        speed = self.tau(confidence) * ms[0] / ms  # (S, D + 1) over plain steps with the call
+        d = torch.arange(len(ms))
+        allowed = (d >= 1) & (d <= depths.cpu()[:, None])
+        best, depth = speed.masked_fill(~allowed, 0.0).max(1)
+        close = (best <= 1.0) & (best > 1.0 - self.explore)
+        if close.any():
+            probes = self._close + close.long().cumsum(0)
+            self._close += int(close.sum())
+            close &= probes % self.probe_every == 0
+        return torch.where((best > 1.0) | close, depth, 0).to(depths.device)
+
+    def observe(self, confidence: Tensor, depths: Tensor, steps: Tensor) -> None:
+        level = torch.arange(1, self.shape.max_depth + 1)
+        d, s = depths.cpu()[:, None], steps.cpu()[:, None]
+        reached = (level <= s) & (level <= d)
+        covered = (level < s) & (level <= d)
+        b = self._bin(confidence)
+        self.reached.index_add_(0, b, reached.double())
+        self.covered.index_add_(0, b, covered.double())
+
+
+def _geometric_ratio(tau: float, depth: int) -> float:
+    """q with 1 + q + … + q^depth = τ (τ within [1, depth + 1])."""
+    tau = min(max(tau, 1.0), depth + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        q = (lo + hi) / 2
+        lo, hi = (q, hi) if sum(q**j for j in range(depth + 1)) < tau else (lo, q)
+    return (lo + hi) / 2

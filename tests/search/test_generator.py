@@ -22,7 +22,7 @@ from specbeam.apps.data import pad
 from specbeam.integration.models import build_shallow_draft
 from specbeam.search import lean_decoder
 from specbeam.search.accept import BeamAcceptor
-from specbeam.search.config import SearchSettings
+from specbeam.search.config import SearchSettings, SpeculativeSearchConfig
 from specbeam.search.draft import Drafter
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead, HeadArch
@@ -514,3 +514,38 @@ def test_drafting_from_part_of_the_vocabulary_needs_a_ranked_head(
     with pytest.raises(ValueError, match="ranked vocabulary"):
         run_both(case, tiny_target, head, vocab_info, draft_vocab=50)
     assert_same(*run_both(case, tiny_target, head, vocab_info))
+
+
+class RandomGate:
+    """Turns each source's tree off, or cuts it to any depth up to its own, at random:
+    exactness may not depend on the gate's choices."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = torch.Generator().manual_seed(seed)
+        self.chosen: list[int] = []
+
+    def depths(self, confidence: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        assert ((confidence >= 0) & (confidence <= 1 + 1e-6)).all()
+        pick = (torch.rand(len(depths), generator=self.rng) * (depths + 1)).long()
+        self.chosen += pick.tolist()
+        return pick.minimum(depths)
+
+    def observe(self, confidence, depths, steps) -> None:
+        assert (steps <= depths + 1).all()
+
+
+@pytest.mark.parametrize("seed", range(700, 760))
+def test_equivalence_with_passes_gated_at_random(
+    seed, tiny_target, copy_draft, tiny_draft, random_head, vocab_info, monkeypatch
+) -> None:
+    """Per pass and source the gate may turn the tree off (a plain step) or cut it: the
+    output is beam search's whatever it chooses, with draft decoders and heads, and with
+    passes where every source of the batch steps plain."""
+    gate = RandomGate(seed)
+    monkeypatch.setattr(SpeculativeSearchConfig, "gate", lambda self, planner: gate)
+    draft = (copy_draft, tiny_draft, random_head)[seed % 3]
+    result = run_both(Case.draw(seed), tiny_target, draft, vocab_info)
+    if result is not None:
+        assert_same(*result)
+        if len(gate.chosen) > 8:
+            assert 0 in gate.chosen and max(gate.chosen) > 0

@@ -7,14 +7,17 @@ import logging
 
 import numpy as np
 import pytest
+import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
+from specbeam.apps.data import pad
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
 from specbeam.search.draft import DraftShape
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from specbeam.search.planner import LinearCost, PassShape, PlanCosts, Planner
+from specbeam.search.planner import Gate, LinearCost, PassShape, PlanCosts, Planner
 from specbeam.search.stats import SpecStats
-from tests.search.test_generator import assert_plain_iff_not
+from tests.conftest import NLLB_PROMPT, sources
+from tests.search.test_generator import assert_plain_iff_not, assert_same
 
 # A machine of this shape: a call costs 10.3 ms + 0.3 ms per query token.
 CPU = PlanCosts(LinearCost(10.3, 0.3), LinearCost(1.9, 0.03), accept_ms=1.0, plain_step_ms=1.5)
@@ -206,3 +209,90 @@ def test_a_speculative_call_is_priced_at_its_own_trees() -> None:
     seconds = planner.pass_ms(True, 1, big) * 10 / 1000
     planner.timed(True, seconds=seconds, passes=10, source_passes=10, shape=big)
     assert planner.factor[True] == pytest.approx(1.0)
+
+
+def _gate(tau: float = 2.0, depth: int = 3) -> Gate:
+    shape = DraftShape(depth=depth, width=4, beam_size=4)
+    return Gate(Planner(CPU, beam_size=4, shape=PassShape(tau=tau)), shape)
+
+
+def test_gate_learns_coverage_per_confidence_from_the_levels_each_pass_saw() -> None:
+    """A pass of depth d that advanced s steps covered levels < s, missed level s when
+    s ≤ d, and says nothing of levels below d when it took them all."""
+    gate = _gate()
+    before = gate.reached.clone(), gate.covered.clone()
+    conf = torch.tensor([0.95, 0.95, 0.05])
+    gate.observe(conf, depths=torch.tensor([2, 3, 3]), steps=torch.tensor([3, 2, 1]))
+    reached, covered = gate.reached - before[0], gate.covered - before[1]
+    assert reached[9].tolist() == [2, 2, 0] and covered[9].tolist() == [2, 1, 0]
+    assert reached[0].tolist() == [1, 0, 0] and covered[0].tolist() == [0, 0, 0]
+    assert reached[1:9].abs().sum() == 0
+
+
+def test_gate_speculates_where_confidence_has_covered_and_steps_plain_elsewhere() -> None:
+    """After passes where confident first levels covered every level and unsure ones
+    none, a confident source drafts its whole depth, an unsure one takes a plain step."""
+    gate = _gate(depth=3)
+    for _ in range(50):
+        gate.observe(torch.tensor([0.97, 0.2]), torch.tensor([3, 3]), torch.tensor([4, 1]))
+    tau = gate.tau(torch.tensor([0.97, 0.2]))
+    assert tau[0].tolist() == pytest.approx([1, 2, 3, 4], abs=0.2)
+    assert tau[1].tolist() == pytest.approx([1, 1, 1, 1], abs=0.1)
+    assert gate.depths(torch.tensor([0.97, 0.2]), torch.tensor([3, 3])).tolist() == [3, 0]
+    assert gate.depths(torch.tensor([0.97]), torch.tensor([2])).tolist() == [
+        2
+    ]  # its own depth caps
+
+
+def test_gate_prices_depths_with_the_planners_costs() -> None:
+    """A plain step here pays the first-level draft call too; each depth is the planner's
+    price of its tree."""
+    gate = _gate(depth=2)
+    ms = gate.pass_ms(1).tolist()
+    assert ms[0] == pytest.approx(CPU.plain_ms(4) + CPU.draft.ms(4))
+    shape = PassShape.expected(DraftShape(depth=2, width=4, beam_size=4), 1.0)
+    assert ms[2] == pytest.approx(CPU.pass_ms(True, 4, 1, shape))
+    gate.planner.factor[True] = 2.0
+    gate.planner._timed_calls[True] = 2
+    assert gate.pass_ms(1)[2] == pytest.approx(2 * ms[2])
+
+
+def test_gate_probes_close_passes_and_never_clear_losses() -> None:
+    """A source priced just below break-even speculates on every 8th such pass, so that
+    its bin stays measured; one far below never does."""
+    gate = _gate(depth=1)
+    ms = gate.pass_ms(1)
+    for conf, speed in ((0.55, 0.95), (0.05, 0.5)):
+        q = speed * float(ms[1] / ms[0]) - 1  # τ(1) = 1 + q
+        b = int(conf * 10)
+        gate.reached[b], gate.covered[b] = 1000.0, 1000.0 * q
+    close = [int(gate.depths(torch.tensor([0.55]), torch.tensor([1]))) for _ in range(16)]
+    assert close.count(1) == 2
+    assert not any(int(gate.depths(torch.tensor([0.05]), torch.tensor([1]))) for _ in range(16))
+
+
+def test_gated_generator_gives_beam_search_and_gates_off_a_draft_that_never_covers(
+    tiny_target, untrained_draft, copy_draft, vocab_info
+) -> None:
+    """With `gate`, a draft that never covers the target's beam soon takes plain steps
+    (few verified slots per pass), the target as its own draft keeps speculating; both
+    give beam search's output."""
+    # Verified tokens cost in full: a tree must advance more than 1.2 steps to pay.
+    costs = {**STORED, "target": [10.3, 1.0]}
+    config = SpeculativeSearchConfig(machine=MachineSettings(costs=costs))
+    beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
+    slots = {}
+    for name, draft in (("untrained", untrained_draft), ("copy", copy_draft)):
+        generator = SpeculativeBeamSearchSeq2SeqGenerator(
+            tiny_target, draft, vocab_info, config=config, beam_size=4, gamma=3, plan=False,
+            gate=True, plan_tau=2.5,
+        )  # fmt: skip
+        for seed in range(50, 54):
+            assert_plain_iff_not(True, generator, beam, batch=1, seed=seed)
+        src, src_layout = pad(sources(seed=60, batch=1), 0)
+        prompts, prompt_layout = pad([NLLB_PROMPT], 0)
+        out = generator(src, src_layout, prompts, prompt_layout)
+        assert_same(beam(src, src_layout, prompts, prompt_layout), out)
+        slots[name] = out.stats.verified_slots / out.stats.source_passes, out.stats.tau
+    assert slots["untrained"][0] < 4 + 1.5  # mostly the 4 roots alone
+    assert slots["copy"][0] > 4 + 4 and slots["copy"][1] > 2.0
