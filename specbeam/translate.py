@@ -1,6 +1,10 @@
 """`python -m specbeam.translate`: translate a file or stdin (`specbeam/apps/translate.py`)."""
 
-from specbeam.apps.translate import cli
-
 if __name__ == "__main__":
+    from specbeam import startup
+
+    startup.begin()  # before torch is imported
+
+    from specbeam.apps.translate import cli
+
     cli()

@@ -13,6 +13,7 @@ from fairseq2.generation import Seq2SeqGenerator
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from specbeam import startup
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
@@ -49,6 +50,7 @@ class PipelineConfig:
         ))  # fmt: skip
         vocab = pair.tokenizer.vocab_info
         generator = make_generator(self.decoding, pair.target, pair.draft, vocab, self.hardware)
+        startup.done()
         return pair.tokenizer, generator
 
 

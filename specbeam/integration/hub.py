@@ -99,7 +99,7 @@ def load_card_model(card: AssetCard, setting: str, dtype: torch.dtype) -> Transf
     check_checkpoint(card, setting)
     where = f"{setting}={card.name} (card {card_source(card)})"
     try:
-        model = fairseq2.models.load_model(card, dtype=dtype)
+        model = _load_mapped(card, dtype)
     except (AssetCardError, ModelGatedError, ModelFamilyNotKnownError) as error:
         raise ValueError(f"{where}: {error}") from None
     if not isinstance(model, TransformerModel):
@@ -109,6 +109,17 @@ def load_card_model(card: AssetCard, setting: str, dtype: torch.dtype) -> Transf
             "TransformerModel"
         )
     return model.eval()
+
+
+def _load_mapped(card: AssetCard, dtype: torch.dtype) -> torch.nn.Module:
+    """The model with its checkpoint memory-mapped: the weights are copied from the page
+    cache into the model once, rather than read into a buffer, unpickled from it and
+    copied. A checkpoint torch cannot map (the legacy, non-zip format) loads as before;
+    so does any other error, to report it."""
+    try:
+        return fairseq2.models.load_model(card, dtype=dtype, mmap=True)
+    except AssetCardError:
+        return fairseq2.models.load_model(card, dtype=dtype)
 
 
 def load_card_tokenizer(store: AssetStore, setting: str, name: str) -> Tokenizer:

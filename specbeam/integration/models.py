@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,9 +191,10 @@ def target_fingerprint(model: TransformerModel | DraftHead) -> dict[str, Any]:
     weights |= {f"encoder.{name}": p for name, p in (encoder[0], encoder[-1])}
     stats = {}
     for name, weight in weights.items():
-        flat = weight.detach().double().flatten()
+        flat = weight.detach().flatten()  # not copied to float64 whole: only the sums are
         picks = torch.linspace(0, flat.numel() - 1, _SAMPLES).long()
-        stats[name] = [float(flat.square().mean().sqrt()), *flat[picks].tolist()]
+        rms = float(torch.linalg.vector_norm(flat, dtype=torch.float64)) / math.sqrt(flat.numel())
+        stats[name] = [rms, *flat[picks].double().tolist()]
     config = {
         "model_dim": model.model_dim,
         "vocab_size": model.final_proj.output_dim,

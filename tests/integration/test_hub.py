@@ -19,6 +19,7 @@ import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
 from specbeam.apps.app import run_app
 from specbeam.apps.inference import translate_texts
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
+from specbeam.integration.hub import asset_store, load_card_model, retrieve_card
 from specbeam.integration.models import ModelArch, build_model, save_head, save_model
 from specbeam.integration.transformer import TransformerConfig, create_transformer_model
 from specbeam.paths import SHIPPED
@@ -68,6 +69,9 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nllb("tiny_nllb_draft", dataclasses.replace(DRAFT_ARCH, vocab_size=SIZE), seed=1)
     nllb("tiny_nllb_other", target_arch, seed=5)
     nllb("tiny_nllb_untokenized", target_arch, seed=0, with_tokenizer=False)
+    legacy = models / "tiny_nllb_legacy.pt"  # tiny_nllb's, in the format torch cannot map
+    torch.save(torch.load(models / "tiny_nllb.pt"), legacy, _use_new_zipfile_serialization=False)
+    entries.append({**model_card("tiny_nllb_legacy", legacy, card_dir), **tokenizer})
     nllb("small_vocab_draft", DRAFT_ARCH, seed=2, with_tokenizer=False)  # 48 entries
     for name, seed, layers in (("tiny_transformer", 3, 2), ("tiny_transformer_draft", 4, 1)):
         torch.save({"model": _tiny_transformer(seed, layers).state_dict()}, models / f"{name}.pt")
@@ -126,6 +130,19 @@ def test_a_pair_by_card_translates_as_beam_search(cards: Path, target: str, draf
     assert tokenizer.vocab_info.size == SIZE
     want = translate_texts(beam, tokenizer, TEXTS, "spa_Latn", "eng_Latn")
     assert translate_texts(spec, tokenizer, TEXTS, "spa_Latn", "eng_Latn") == want
+
+
+def test_a_checkpoint_torch_cannot_map_loads_as_the_same_model(cards: Path) -> None:
+    store = asset_store([str(cards)])
+    mapped, legacy = (
+        load_card_model(retrieve_card(store, "model.target", name), "model.target", torch.float32)
+        for name in ("tiny_nllb", "tiny_nllb_legacy")
+    )
+    want = torch.load(cards.parent / "models/tiny_nllb.pt")["model"]
+    for model in (mapped, legacy):
+        state = model.state_dict()
+        assert state.keys() == want.keys()
+        assert all(torch.equal(state[k], want[k]) for k in want)
 
 
 def test_draft_none_runs_plain_decodings(cards: Path) -> None:
