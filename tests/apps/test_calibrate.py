@@ -127,7 +127,7 @@ def test_bench_names_missing_checkpoints_in_one_line(monkeypatch) -> None:
 def test_cpu_config_plans_exact_and_relaxed_decodings() -> None:
     """hardware=cpu's cost model: exact spec_beam speculates one sentence at a time and runs
     plain search for batches (compute-bound verification); relaxed, planned on its own
-    higher τ, speculates at least as readily."""
+    higher τ, speculates one sentence at a time, not for batches."""
     hardware = load_hardware("cpu")
 
     def planner(decoding: DecodingConfig) -> Planner | None:
@@ -137,7 +137,8 @@ def test_cpu_config_plans_exact_and_relaxed_decodings() -> None:
     assert spec_beam is not None and spec_beam.speedup(16) < 0.5 < spec_beam.speedup(1)
     relaxed = planner(hardware.tune(load_decoding("relaxed")))
     assert relaxed is not None and relaxed.shape.tau > spec_beam.shape.tau
-    assert relaxed.speedup(16) < 0.5 and relaxed.speedup(1) > spec_beam.speedup(1)
+    assert relaxed.speedup(16) < 1 < relaxed.speedup(1)
+    assert relaxed.speedup(1) > spec_beam.speedup(1)
     assert planner(load_decoding("spec_beam:plan=false")) is None
     with pytest.raises(ValueError, match="hardware=gpu9 is unknown; allowed: cpu"):
         load_hardware("gpu9")
