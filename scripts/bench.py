@@ -42,6 +42,7 @@ from specbeam.apps.calibrate import Calibration, CountingGenerator, measure_call
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
+from specbeam.integration.hub import is_path
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.search.planner import LinearCost, PassShape
 from specbeam.search.runtime import Runtime
@@ -129,8 +130,9 @@ class Models:
 
 
 def check_checkpoints(model: ModelPairConfig) -> None:
+    """Checkpoint paths only: an asset card's name is the model hub's to resolve."""
     for spec in (model.target, model.draft):
-        if spec is not None and spec != "random" and not (REPO_ROOT / spec).exists():
+        if spec is not None and is_path(spec) and not (REPO_ROOT / spec).exists():
             raise SystemExit(
                 f"error: model {model.name}: checkpoint {spec} does not exist yet; "
                 "try --model tiny_random"
