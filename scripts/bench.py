@@ -132,6 +132,7 @@ class Models:
 
 
 def check_checkpoints(model: ModelPairConfig) -> None:
+    """Checkpoint paths only: an asset card's name is the model hub's to resolve."""
     for spec in (model.target, model.draft):
         if spec is not None and is_path(spec) and not (REPO_ROOT / spec).exists():
             raise SystemExit(

@@ -51,12 +51,6 @@ class DecodingConfig(SearchSettings):
                 "applies to exact speculative beam search only (set it to 0)",
             )  # fmt: skip
 
-    @property
-    def exact_beam(self) -> bool:
-        """Exact speculative beam search: the only decoding whose output does not depend
-        on whether a batch speculates, so the only one a planner may switch."""
-        return self.speculative and self.search == "beam" and super().exact_beam
-
     def method_settings(self) -> tuple[str, set[str]]:
         """The decoding file `name` is made from, and the settings its method string sets."""
         base, dotlist = parse_method(self.name)

@@ -19,9 +19,9 @@ in fairseq2's search there. Each step keeps its parents, tokens and scores; the
 hypotheses' tokens and scores are written once, at the end (`_Replay`). Beam 1 over a
 linear draft (spec greedy) ranks all steps of a pass in one batch instead.
 
-Where the native extension is built (`specbeam.search.native`) and neither a relaxation
-nor step processors take part, all of it runs compiled (csrc/accept.cpp), scoring only the
-slots the replay reads: a pass's acceptance then costs less than half of the torch
+Where the native extension is built (`specbeam.search.native`) and no step processors
+take part, all of it, a relaxation included, runs compiled (csrc/accept.cpp), scoring only
+the slots the replay reads: a pass's acceptance then costs less than half of the torch
 replay's (docs/bench.md). The Python loops remain for the rest, and the tests hold both to
 the same output.
 """
@@ -92,8 +92,8 @@ class BeamAcceptor:
         tree: DraftTree,
         output: list[list[Hypothesis]],
     ) -> Acceptance:
-        exact = self.relax is None and not self.rules.step_processors
-        ext = native.module_for(verification.logits) if exact else None
+        processed = bool(self.rules.step_processors)
+        ext = None if processed else native.module_for(verification.logits)
         if ext is not None:
             return self._accept_compiled(ext, state, verification, tree, output)
         if (
@@ -119,13 +119,14 @@ class BeamAcceptor:
         compiled: csrc/accept.cpp scores only the slots the replay reads and returns the
         hypotheses' tokens and the finished ones; here they go into the state and output."""
         rules, num_slots = self.rules, verification.logits.size(1)
+        relax = self.relax or Relaxation(top=0)
         finished = torch.tensor([len(output[i]) for i in state.source_ids.tolist()], device=HOST)
         seqs, step_scores, scores, origin, node, roots, steps, accepted, done, *events = ext.accept(
             verification.logits, verification.root_slots, verification.node_slots, tree.tokens,
             tree.parents, tree.valid, verification.table.positions[:, :num_slots], state.scores,
             state.seqs, state.step_scores, state.step_nr, finished, self.k,
-            [rules.eos_idx, _id(rules.pad_idx), _id(rules.unk_idx), rules.min_seq_len, rules.max_seq_len],
-            [rules.unk_penalty, rules.temperature], self.bounded,
+            [rules.eos_idx, _id(rules.pad_idx), _id(rules.unk_idx), rules.min_seq_len, rules.max_seq_len, relax.top],
+            [rules.unk_penalty, rules.temperature, relax.gap], self.bounded,
         )  # fmt: skip
         for s, t, seq, cum_scores, score in zip(*events, strict=True):
             hyp = self.finish(seq, cum_scores, score.clone(), int(t))

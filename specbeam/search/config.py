@@ -95,9 +95,9 @@ class SpeculationSettings:
     max_speculative_batch: int = 0
     """> 0: calls with more sources run plain beam search (exact decoding only)."""
     plan: bool = True
-    """Exact beam search: the machine's cost model chooses per call between speculation
-    and plain search (`specbeam.search.planner`), so that speculation never runs where it
-    is priced slower; false: always speculate."""
+    """The machine's cost model chooses per call between speculation and plain search
+    (`specbeam.search.planner`), so that speculation never runs where it is priced slower;
+    false: always speculate. Relaxed, a plain call decodes exact beam search."""
     plan_tau: float = 1.8
     """The planner's guess of τ before it has seen a pass."""
     gate: bool = False
@@ -142,12 +142,6 @@ class SearchSettings(BeamSettings, SpeculationSettings):
 
     def relaxation(self) -> Relaxation | None:
         return Relaxation(self.relax_top, self.relax_gap) if self.relax_top > 0 else None
-
-    @property
-    def exact_beam(self) -> bool:
-        """Exact speculative beam search: the only search whose output does not depend on
-        whether a call speculates, so the only one that may switch to plain search."""
-        return self.relax_top == 0
 
     def problems(self, draft: bool = True) -> list[tuple[str, object, str]]:
         """(setting, value, what is allowed) of every setting out of range; the draft
@@ -222,10 +216,10 @@ class SpeculativeSearchConfig:
                 raise ValueError(f"`{name}` must be {allowed}, but is {value!r}.")
 
     def planner(self) -> Planner | None:
-        """A fresh planner on the machine's cost model; None without costs, without
-        planning or gating, or where the search may not switch to plain search."""
+        """A fresh planner on the machine's cost model; None without costs or without
+        planning or gating. Exact or relaxed alike: a relaxed search plans on its own τ."""
         s = self.search
-        if not (self.machine.costs and (s.plan or s.gate) and s.exact_beam):
+        if not (self.machine.costs and (s.plan or s.gate)):
             return None
         shape = PassShape.expected(s.draft_shape(), s.plan_tau)
         return Planner(PlanCosts.from_stored(self.machine.costs), s.beam_size, shape)

@@ -74,8 +74,8 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
     has more than `max_speculative_batch` sources, or when the planner (built from the
     machine's costs) prices speculation slower: where verification is compute-bound, as
     on a CPU at large batches, a draft tree costs more target work than the steps it
-    saves (as vLLM's `speculative_disable_by_batch_size`). Exact decoding only, so the
-    output is the same either way. A call whose caches and logits would exceed the
+    saves (as vLLM's `speculative_disable_by_batch_size`). Exact, the output is the same
+    either way; relaxed, a plain call's output is beam search's. A call whose caches and logits would exceed the
     machine's memory budget is decoded in chunks of sources, with the same output; if one
     source alone needs more, the draft gets shallower, then narrower.
     """
@@ -236,7 +236,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         else:
             return True
         if not self._told_plain:
-            log.info("%s run plain beam search: same output, no draft", why)
+            log.info("%s run exact plain beam search, no draft", why)
             self._told_plain = True
         return False
 

@@ -7,8 +7,9 @@ costs (fitted here from timed calls and runs by `specbeam.calibrate`, stored per
 hardware config) and the τ and tree size this generator has seen so far, each price
 scaled by how long that kind of call has actually taken here against its prediction:
 costs calibrated on one CPU mislead on another (a draft call's cost relative to a target
-call's differs severalfold between an AVX-512 and an AVX2 machine). Exact decoding only:
-either choice gives the same output.
+call's differs severalfold between an AVX-512 and an AVX2 machine). Exact decoding gives
+the same output either way; relaxed decoding plans on its own τ, and runs exact plain beam
+search where speculation is priced slower.
 """
 
 from __future__ import annotations

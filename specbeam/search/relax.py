@@ -49,7 +49,8 @@ def relaxed_step(
     beta = own.topk(min(relax.top, own.size(-1)), dim=-1).values
     good = match.any(1) & (lp >= beta[..., -1]) & (lp >= beta[..., 0] - relax.gap)
     cum = (scores.gather(1, hyp) + lp).masked_fill(~good, -torch.inf)
-    score, column = cum.topk(k, dim=1)
+    # Equal scores in level order: a stable sort, so that csrc/accept.cpp can match it.
+    score, column = (t[:, :k] for t in cum.sort(dim=1, descending=True, stable=True))
     return RelaxedStep(
         ok=(score > -torch.inf).all(1),
         parent=hyp.gather(1, column),

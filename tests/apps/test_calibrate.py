@@ -92,9 +92,10 @@ def test_tuned_settings_must_be_decoding_settings() -> None:
         hw.tune(load_decoding("spec_beam"))
 
 
-def test_cpu_config_plans_exact_decodings_only() -> None:
+def test_cpu_config_plans_exact_and_relaxed_decodings() -> None:
     """hardware=cpu's cost model: exact spec_beam speculates one sentence at a time and runs
-    plain search for batches (compute-bound verification); relaxed is never switched."""
+    plain search for batches (compute-bound verification); relaxed, planned on its own
+    higher τ, speculates one sentence at a time, not for batches."""
     hardware = load_hardware("cpu")
 
     def planner(decoding: DecodingConfig) -> Planner | None:
@@ -102,7 +103,10 @@ def test_cpu_config_plans_exact_decodings_only() -> None:
 
     spec_beam = planner(hardware.tune(load_decoding("spec_beam")))
     assert spec_beam is not None and spec_beam.speedup(16) < 0.5 < spec_beam.speedup(1)
-    assert planner(hardware.tune(load_decoding("relaxed"))) is None
+    relaxed = planner(hardware.tune(load_decoding("relaxed")))
+    assert relaxed is not None and relaxed.shape.tau > spec_beam.shape.tau
+    assert relaxed.speedup(16) < 1 < relaxed.speedup(1)
+    assert relaxed.speedup(1) > spec_beam.speedup(1)
     assert planner(load_decoding("spec_beam:plan=false")) is None
     with pytest.raises(ValueError, match="hardware=gpu9 is unknown; allowed: cpu"):
         load_hardware("gpu9")

@@ -13,6 +13,7 @@ from fairseq2.generation.step_processor import StepProcessor
 from specbeam.search import native
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
+from specbeam.search.relax import Relaxation
 from specbeam.search.rules import ScoringRules
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
@@ -292,11 +293,19 @@ def _tree_case(seed: int) -> tuple:
     return state, verification, tree, finished, max_seq_len
 
 
+@pytest.mark.parametrize(
+    "relax",
+    [None, Relaxation(top=2, gap=1.0), Relaxation(top=4, gap=3.0), Relaxation(top=20, gap=9.0)],
+    ids=["exact", "top2", "top4", "top20"],
+)
 @pytest.mark.parametrize("seed", range(60))
-def test_the_compiled_replay_is_the_python_replay(seed: int, use_runtime) -> None:
+def test_the_compiled_replay_is_the_python_replay(
+    seed: int, relax: Relaxation | None, use_runtime
+) -> None:
     """`accept.cpp` against `_accept_tree`'s Python loop: the same hypotheses, scores,
     cache origins and finished hypotheses (in the same order), bounded or not (an UNK
-    bonus lets children outscore their parent)."""
+    bonus lets children outscore their parent), exact or relaxed (relax.py; top 20 is
+    beyond the vocabulary)."""
     assert native.build() is not None
     state, verification, tree, finished, max_seq_len = _tree_case(seed)
     finish = HypothesisFactory(EOS, 2, echo_prompt=False, normalize_scores=True, len_penalty=1.0)
@@ -306,7 +315,7 @@ def test_the_compiled_replay_is_the_python_replay(seed: int, use_runtime) -> Non
         use_runtime(native=compiled)
         s = copy.deepcopy(state)
         output: list[list] = [["earlier"] * f for f in finished]
-        acceptance = BeamAcceptor(rules, 3, finish).accept(s, verification, tree, output)
+        acceptance = BeamAcceptor(rules, 3, finish, relax).accept(s, verification, tree, output)
         results.append((acceptance, s, output))
     (want, want_state, want_out), (got, got_state, got_out) = results
     for field in ["origin", "node", "roots", "steps", "accepted", "done"]:

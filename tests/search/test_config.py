@@ -73,13 +73,15 @@ def test_the_draft_shape_takes_its_defaults_from_the_beam() -> None:
     assert (shape.depth, shape.depth_bounds, shape.max_depth) == (2, (1, 4), 4)
 
 
-def test_a_planner_only_with_costs_for_exact_planned_search() -> None:
+def test_a_planner_only_with_costs_for_planned_search() -> None:
     machine = MachineSettings(costs=STORED)
     planner = SpeculativeSearchConfig(SearchSettings(plan_tau=2.5, beam_size=4), machine).planner()
     assert planner is not None and (planner.k, planner.shape.tau) == (4, 2.5)
     assert SpeculativeSearchConfig().planner() is None  # no costs
     assert SpeculativeSearchConfig(SearchSettings(plan=False), machine).planner() is None
-    assert SpeculativeSearchConfig(SearchSettings(relax_top=3), machine).planner() is None
+    relaxed = SearchSettings(relax_top=3, plan_tau=3.5)
+    planner = SpeculativeSearchConfig(relaxed, machine).planner()
+    assert planner is not None and planner.shape.tau == 3.5  # relaxed plans on its own τ
     broken = MachineSettings(costs={"target": [1.0, 0.1]})
     with pytest.raises(ValueError, match="hardware.costs is incomplete"):
         SpeculativeSearchConfig(machine=broken).planner()

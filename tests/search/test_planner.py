@@ -145,6 +145,24 @@ def test_generator_follows_the_planner(tiny_target, tiny_draft, vocab_info, capl
     assert "the planner prices faster without the draft (the first: 16 sentences)" in caplog.text
 
 
+def test_relaxed_search_follows_the_planner_on_its_own_tau(tiny_target, tiny_draft, vocab_info):
+    """Relaxed acceptance plans too: a batch priced slower with the draft runs exact plain
+    beam search (beam search's output), a speculative call feeds the planner its τ."""
+    generator = SpeculativeBeamSearchSeq2SeqGenerator(
+        tiny_target, tiny_draft, vocab_info, config=ON_CPU, beam_size=4, gamma=3, plan_tau=2.5,
+        relax_top=3, relax_gap=2.0,
+    )  # fmt: skip
+    planner = generator.planner
+    assert planner is not None
+    beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
+    assert_plain_iff_not(False, generator, beam, batch=16, seed=41)
+    src, src_layout = pad(sources(seed=41, batch=1), 0)
+    prompts, prompt_layout = pad([NLLB_PROMPT], 0)
+    out = generator(src, src_layout, prompts, prompt_layout)
+    assert out.stats.target_passes > 0 and out.stats.plain_sources == 0
+    assert planner.shape.tau != 2.5
+
+
 def test_measured_times_scale_the_calibrated_prices() -> None:
     """A machine where plain steps take twice the calibrated time, and speculative passes
     the calibrated time, favours speculation twice as much; each kind's first call (packing

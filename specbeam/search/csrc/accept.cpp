@@ -1,6 +1,7 @@
-// Exact acceptance (specbeam/search/accept.py) in C++, for passes without relaxation or
-// step processors: fairseq2's scoring of the rows a step reads, the replay of its beam
-// search over the verified tree, and the hypotheses' new tokens and scores. The
+// Acceptance (specbeam/search/accept.py) in C++, for passes without step processors:
+// fairseq2's scoring of the rows a step reads, the replay of its beam search over the
+// verified tree (relaxed as relax.py relaxes it, where asked), and the hypotheses' new
+// tokens and scores. The
 // vocabulary-wide ops are the ATen calls of the Python path on rows of the same shapes
 // (so the same log-probs and the same top-2k, ties included); the bookkeeping on
 // (S, k) arrays, ~150 numpy calls a pass at beam 5 and γ 2, becomes loops over a few
@@ -42,6 +43,31 @@ struct Rules {
   }
 };
 
+// Relaxed acceptance's tolerance (relax.py's Relaxation; top 0: exact).
+struct Relaxation {
+  int64_t top;
+  float gap;
+
+  // The `top`-th best and the best of a row of log-probs (top ≥ 1), as topk's values.
+  std::pair<float, float> bounds(const float* row, int64_t vocab) const {
+    const int64_t m = std::min(top, vocab);
+    std::vector<float> best(m, -kInf);  // descending
+    int64_t seen = 0;
+    for (int64_t t = 0; t < vocab; ++t) {
+      const float x = row[t];
+      if (seen >= m && !(x > best[m - 1])) continue;
+      int64_t at = std::min(seen, m - 1);
+      while (at > 0 && best[at - 1] < x) {
+        best[at] = best[at - 1];
+        --at;
+      }
+      best[at] = x;
+      seen = std::min(seen + 1, m);
+    }
+    return {best[m - 1], best[0]};
+  }
+};
+
 // One replay step's choice for one source: k (parent, token, score, parent's deepest
 // verified row), as _Replay.add keeps them.
 struct Choice {
@@ -54,7 +80,8 @@ struct Choice {
 // logits (S, T, V); root_slots (S, n); the tree's node_slots, tokens, parents, valid
 // (S, D, w); positions (S, T); the live hypotheses' scores (S, n), tokens and cumulative
 // scores (S, k, L) and next sequence index step_nr (S,); finished (S,): hypotheses each
-// source has finished so far. Returns seqs, step_scores (S, k, L), scores, origin, node,
+// source has finished so far; ints: Rules' five, then the relaxation's top (0: exact);
+// doubles: Rules' two, then its gap. Returns seqs, step_scores (S, k, L), scores, origin, node,
 // roots (S, k), steps, accepted, done (S,), then the hypotheses finished in output order:
 // their sources, EOS indices (E,), tokens and cumulative scores (E, L), scores (E,).
 std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
@@ -65,6 +92,7 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
                            const Tensor& finished, int64_t k, const std::vector<int64_t>& ints,
                            const std::vector<double>& doubles, bool bounded) {
   const Rules rules{ints[0], ints[1], ints[2], ints[3], ints[4], doubles[0], doubles[1]};
+  const Relaxation relax{ints[5], static_cast<float>(doubles[2])};
   const int64_t num_sources = root_slots.size(0), n = root_slots.size(1);
   const int64_t depth = tokens_in.size(1), width = tokens_in.size(2);
   const int64_t num_slots = logits_in.size(1), vocab = logits_in.size(2);
@@ -99,12 +127,69 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
 
   int64_t h = n;
   std::vector<int64_t> row(num_sources * h), last;  // -1: off the tree
+  const Tensor scores_c = scores_in.contiguous();
+  std::vector<float> score(scores_c.data_ptr<float>(), scores_c.data_ptr<float>() + scores_c.numel());
+
+  // relax.py's relaxed_step for source s at step j over its h current hypotheses, whose
+  // log-probs (h, V) are `lp`: the k best drafted children of level j (by target score)
+  // within the target's top `relax.top` and `relax.gap` of its best for their parent. True
+  // if k exist; then they replace parent, token, top_k and child.
+  std::vector<float> beta_last(h), beta_best(h);
+  std::vector<char> beta_known(h);
+  std::vector<std::pair<float, int64_t>> good;
+  auto relaxed = [&](int64_t s, int64_t j, int64_t h, const float* lp,
+                     std::vector<int64_t>& parent, std::vector<int64_t>& token,
+                     std::vector<float>& top_k, std::vector<int64_t>& child) {
+    beta_last.assign(h, 0.0f);
+    beta_best.assign(h, 0.0f);
+    beta_known.assign(h, 0);
+    good.clear();
+    for (int64_t b = 0; b < width; ++b) {
+      if (!valid[s][j][b]) continue;
+      // The first current hypothesis whose row is this node's parent (level j's id).
+      int64_t hyp = -1;
+      for (int64_t i = 0; i < h && hyp < 0; ++i) {
+        const int64_t r = row[s * h + i];
+        const int64_t id = r < 0 ? -1 : (j == 0 ? r : r - n - (j - 1) * width);
+        if (id == parents[s][j][b]) hyp = i;
+      }
+      if (hyp < 0) continue;
+      const float* own = lp + hyp * vocab;
+      if (!beta_known[hyp]) {
+        const auto [last, best] = relax.bounds(own, vocab);
+        beta_last[hyp] = last;
+        beta_best[hyp] = best;
+        beta_known[hyp] = 1;
+      }
+      const float l = own[tokens[s][j][b]];
+      if (!(l >= beta_last[hyp] && l >= beta_best[hyp] - relax.gap)) continue;
+      const float cum = score[s * h + hyp] + l;
+      if (cum > -kInf) good.emplace_back(cum, b);
+    }
+    if (static_cast<int64_t>(good.size()) < k) return false;
+    // Best first; equal scores in level order (relax.py sorts stably).
+    std::stable_sort(good.begin(), good.end(),
+                     [](const auto& x, const auto& y) { return x.first > y.first; });
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t b = good[i].second;
+      const int64_t p = parents[s][j][b];
+      for (int64_t q = 0; q < h; ++q) {
+        const int64_t r = row[s * h + q];
+        if (r >= 0 && (j == 0 ? r : r - n - (j - 1) * width) == p) {
+          parent[i] = q;
+          break;
+        }
+      }
+      token[i] = tokens[s][j][b];
+      top_k[i] = good[i].first;
+      child[i] = n + j * width + b;
+    }
+    return true;
+  };
   for (int64_t s = 0; s < num_sources; ++s) {
     for (int64_t i = 0; i < h; ++i) row[s * h + i] = i;
   }
   last = row;
-  const Tensor scores_c = scores_in.contiguous();
-  std::vector<float> score(scores_c.data_ptr<float>(), scores_c.data_ptr<float>() + scores_c.numel());
   std::vector<int64_t> count(done_before.data(), done_before.data() + num_sources);
   std::vector<char> active(num_sources, 1), done(num_sources, 0);
   std::vector<int64_t> accepted(num_sources, 0), steps(num_sources, 0);
@@ -140,7 +225,9 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
     Choice choice{std::vector<int64_t>(num_sources * k), std::vector<int64_t>(num_sources * k),
                   std::vector<int64_t>(num_sources * k), std::vector<float>(num_sources * k)};
     std::vector<int64_t> next_row(num_sources * k), next_last(num_sources * k);
-    std::vector<int64_t> keep(k), child(k);
+    std::vector<int64_t> keep(k), child(k), parent(k), token(k);
+    std::vector<float> top_k(k);
+    const float* lp_rows = lprobs.data_ptr<float>();
     for (int64_t s = 0; s < num_sources; ++s) {
       const float* top_s = top + s * m;
       const int64_t* index_s = index + s * m;
@@ -176,18 +263,25 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
       bool all_in = true, any_in = false;
       for (int64_t i = 0; i < k; ++i) {
         const int64_t idx = index_s[keep[i]], parent_row = row[s * h + idx / vocab];
-        child[i] = parent_row >= 0 ? child_of(s, parent_row, idx % vocab) : -1;
+        parent[i] = idx / vocab;
+        token[i] = idx % vocab;
+        top_k[i] = top_s[keep[i]];
+        child[i] = parent_row >= 0 ? child_of(s, parent_row, token[i]) : -1;
         all_in &= child[i] >= 0;
         any_in |= child[i] >= 0;
       }
+      if (relax.top > 0 && j < depth && width >= k && !all_in &&
+          relaxed(s, j, h, lp_rows + s * h * vocab, parent, token, top_k, child)) {
+        all_in = any_in = true;
+      }
       const bool go_on = (all_in || (bounded && any_in)) && was_active && !done[s];
       for (int64_t i = 0; i < k; ++i) {
-        const int64_t idx = index_s[keep[i]], at_i = s * k + i;
+        const int64_t at_i = s * k + i;
         const bool take = go_on && child[i] >= 0;
-        choice.parent[at_i] = idx / vocab;
-        choice.token[at_i] = idx % vocab;
-        choice.score[at_i] = top_s[keep[i]];
-        choice.parent_last[at_i] = last[s * h + idx / vocab];
+        choice.parent[at_i] = parent[i];
+        choice.token[at_i] = token[i];
+        choice.score[at_i] = top_k[i];
+        choice.parent_last[at_i] = last[s * h + parent[i]];
         accepted[s] += take;
         next_last[at_i] = take ? child[i] : choice.parent_last[at_i];
         next_row[at_i] = take ? child[i] : -1;
