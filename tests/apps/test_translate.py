@@ -168,7 +168,7 @@ def test_batches_above_max_speculative_batch_are_marked_plain(tmp_path, source_f
         f"output={tmp_path / 'out.en'}", f"stats_file={stats}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "run plain beam search" in result.stderr
+    assert "run exact plain beam search" in result.stderr
     records = [json.loads(line) for line in stats.read_text().splitlines()]
     assert [r.get("plain", False) for r in records] == [True, False, True, False, True]
 
