@@ -310,7 +310,10 @@ def test_batches_above_the_limit_run_plain_beam_search(
     beam = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, beam_size=4)
     for n, speculative in ((2, True), (3, False)):
         assert_plain_iff_not(speculative, generator, beam, batch=n, seed=40)
-    assert "more than 2 sentences (decoding.max_speculative_batch) run exact plain beam search" in caplog.text
+    assert (
+        "more than 2 sentences (decoding.max_speculative_batch) run exact plain beam search"
+        in caplog.text
+    )
     with pytest.raises(ValueError, match="max_speculative_batch` must be 0 with relaxed"):
         SpeculativeBeamSearchSeq2SeqGenerator(
             tiny_target, tiny_draft, vocab_info, relax_top=2, relax_gap=1.0,
