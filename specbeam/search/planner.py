@@ -282,7 +282,7 @@ class Gate:
     also pays the draft's first-level call, already made; the gate picks the depth (up to
     the source's own) of the best predicted speedup, and a plain step where none exceeds
     1. Where the best is within `explore` below 1, every `probe_every`-th such pass
-    speculates anyway, so that bins turned off stay measured.
+    speculates anyway (both the planner's settings), so that bins turned off stay measured.
     """
 
     def __init__(
@@ -291,14 +291,12 @@ class Gate:
         shape: DraftShape,
         bins: int = 10,
         prior_weight: float = 2.0,
-        explore: float = 0.15,
-        probe_every: int = 8,
     ) -> None:
         self.planner = planner
         self.shape = shape
         self.bins = bins
-        self.explore = explore
-        self.probe_every = probe_every
+        self.explore = planner.explore  # close calls are the planner's, probed as often
+        self.probe_every = planner.probe_every
         self._close = 0
         levels = shape.max_depth
         q = _geometric_ratio(planner.shape.tau, shape.depth)
