@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import multiprocessing
-import resource
 import tempfile
 from pathlib import Path
 
 import torch
 
-from specbeam.apps.calibrate import CountingGenerator, measure_call_costs
+from specbeam.apps.calibrate import CountingGenerator, measure_call_costs, peak_rss_mb
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig, load_hardware
@@ -169,7 +168,7 @@ def report(args: argparse.Namespace, taus: dict[str, list[float]], card_dir: Pat
     timed = side_by_side(args.runs)
     plain = {n: timed[n] for n in ("beam", "beam_lean", "greedy", "greedy_lean")}
     spec = {n: timed[n] for n in SEARCHES}
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = peak_rss_mb()
     mid = args.prefix_lens[len(args.prefix_lens) // 2]
     target_cost, draft_cost = fits[mid]["target"][0], fits[mid]["draft"][0]
 
