@@ -121,5 +121,7 @@ def load_hardware(name: str) -> HardwareConfig:
 
 
 def auto_target_dtype() -> str:
-    """`target_dtype=auto`: PLACEHOLDER."""
-    return "float32"
+    """`target_dtype=auto`: bfloat16 products where the CPU computes bf16 natively
+    (`onednn.bf16_native`), else float32 (docs/bench.md, "Quantized targets", has the
+    measurements behind this rule)."""
+    return "bfloat16" if onednn.bf16_native() else "float32"
