@@ -32,7 +32,7 @@ from typing import Any, final
 
 import torch
 from fairseq2.models.transformer import SDPA, StandardMultiheadAttention
-from fairseq2.nn import Linear, TiedProjection
+from fairseq2.nn import ColumnShardedLinear, Linear, RowShardedLinear, TiedProjection
 from torch import Tensor
 from torch.nn import Module
 
@@ -150,22 +150,30 @@ def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return bf16_product(x, copy.data, bias)
 
 
-class QuantizedLinear(Linear):
-    """fairseq2's `Linear` whose product runs in its weight's marked precision."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if precision_of(self.weight) is None:
-            return super().forward(x)
-        return product(x, self.weight, self.bias)
+def _forward(self: Any, x: Tensor) -> Tensor:
+    if precision_of(self.weight) is None:
+        return super(type(self), self).forward(x)
+    return product(x, self.weight, self.bias)
 
 
-class QuantizedTiedProjection(TiedProjection):
-    """fairseq2's `TiedProjection` whose product runs in its weight's marked precision."""
+_QUANTIZED: dict[type, type] = {}
 
-    def forward(self, x: Tensor) -> Tensor:
-        if precision_of(self.weight) is None:
-            return super().forward(x)
-        return product(x, self.weight, self.bias)
+
+def quantized_class(cls: type) -> type:
+    """`cls` (a fairseq2 projection) whose product runs in its weight's marked precision."""
+    if cls not in _QUANTIZED:
+        _QUANTIZED[cls] = type(f"Quantized{cls.__name__}", (cls,), {"forward": _forward})
+    return _QUANTIZED[cls]
+
+
+def _swappable(module: Module) -> bool:
+    """fairseq2's projections that are one product: a sharded one over a gang of one
+    (what fairseq2 builds a model's layers with) gathers and reduces nothing."""
+    if type(module) in (Linear, TiedProjection):
+        return True
+    if type(module) in (ColumnShardedLinear, RowShardedLinear):
+        return module.tp_gang.size == 1
+    return False
 
 
 @final
@@ -212,11 +220,7 @@ def quantize(model: Module, precision: str) -> Module:
     for module in list(model.modules()):
         if isinstance(module, StandardMultiheadAttention) and not isinstance(module.sdpa, WideSDPA):
             module.sdpa = WideSDPA(module.sdpa)
-        if type(module) is Linear:
-            module.__class__ = QuantizedLinear
-        elif type(module) is TiedProjection:
-            module.__class__ = QuantizedTiedProjection
-        else:
-            continue
-        mark(module.weight, precision)
+        if _swappable(module):
+            module.__class__ = quantized_class(type(module))
+            mark(module.weight, precision)
     return model

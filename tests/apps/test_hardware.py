@@ -2,7 +2,7 @@ import copy
 
 import pytest
 import torch
-from fairseq2.nn import Linear
+from fairseq2.nn import Projection
 
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import LoadedPair
@@ -44,8 +44,8 @@ def test_auto_target_dtype_follows_the_cpu(monkeypatch, native) -> None:
 def test_place_quantizes_the_target_in_its_precision(tiny_target) -> None:
     pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
     HardwareConfig(target_dtype="int8").place(pair)
-    layers = [m for m in pair.target.modules() if isinstance(m, Linear)]
-    assert layers and all(quant.precision_of(m.weight) == "int8" for m in layers)
+    layers = [m for m in pair.target.modules() if isinstance(m, Projection)]
+    assert len(layers) > 1 and all(quant.precision_of(m.weight) == "int8" for m in layers)
     assert all(p.dtype == torch.float32 for p in pair.target.parameters())
 
 
