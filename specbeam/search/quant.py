@@ -15,7 +15,7 @@ Rounding to 8 bits is not continuous: an input one fp32 ulp away from a rounding
 boundary lands on the other side, and a quantum is ~1e5 ulps. Attention sums over a
 different set and order of keys in a verification (tree slots beside the cached prefix)
 than in a plain step, so in fp32 its outputs differ in the last bits, and rounded they
-differ by quanta (step scores by up to 3e-3, bf16 2e-2, on the tests' tiny target). So a
+differ by whole quanta. So a
 quantized model attends in fp64 (`WideSDPA`), rounded back to fp32: the same fp32 result
 unless the fp64 one lies within ~1e-16 of an fp32 boundary.
 
