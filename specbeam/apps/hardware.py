@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from specbeam.integration.models import LoadedPair
 from specbeam.paths import config_file
-from specbeam.search import onednn
+from specbeam.search import onednn, quant
 from specbeam.search.config import MachineSettings
 from specbeam.search.planner import PlanCosts
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_TARGET_DTYPES = ("float32", *quant.PRECISIONS, "auto")
 
 
 @dataclass(kw_only=True)
@@ -38,9 +39,10 @@ class HardwareConfig(MachineSettings):
     """Precision of the draft model; exactness does not depend on it (verification is fp32).
     auto: bfloat16 where the CPU computes it natively (`onednn.bf16_native`), else float32."""
     target_dtype: str = "float32"
-    """Precision of the target. Exact speculative decoding reproduces beam search on the
-    target in this precision; bfloat16 is faster where that matters less (distillation
-    data), but its rounding makes near-ties flip more often than fp32's."""
+    """Precision of the target's linear layers (`specbeam.search.quant`; norms, attention
+    and softmax stay fp32): float32, bfloat16 (bf16 products, fp32 sums) or int8 (per-row
+    and per-channel scales). Exact speculative search reproduces plain beam search on the
+    target in this precision. auto: the precision `auto_target_dtype` picks here."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -56,7 +58,10 @@ class HardwareConfig(MachineSettings):
             raise ValueError("hardware.device=cuda is invalid: torch sees no GPU here")
         if self.threads < 1:
             raise ValueError(f"hardware.threads={self.threads} is invalid: must be ≥ 1")
-        for name, allowed in (("draft_dtype", [*_DTYPES, "auto"]), ("target_dtype", _DTYPES)):
+        for name, allowed in (
+            ("draft_dtype", [*_DTYPES, "auto"]),
+            ("target_dtype", _TARGET_DTYPES),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
                     f"hardware.{name}={getattr(self, name)} is invalid: allowed: {', '.join(allowed)}"
@@ -76,13 +81,18 @@ class HardwareConfig(MachineSettings):
         return _DTYPES[self.draft_dtype]
 
     @property
-    def target_torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.target_dtype]
+    def target_precision(self) -> str:
+        """float32, bfloat16 or int8: `target_dtype` with auto resolved."""
+        return auto_target_dtype() if self.target_dtype == "auto" else self.target_dtype
 
     def place(self, pair: LoadedPair) -> LoadedPair:
-        """The pair on this machine's device, the target in its precision (the draft's
-        was chosen at loading)."""
-        pair.target.to(device=self.device, dtype=self.target_torch_dtype)
+        """The pair on this machine's device, the target's products in their precision
+        (the draft's was chosen at loading)."""
+        pair.target.to(device=self.device)
+        if self.target_precision != "float32":
+            if self.device != "cpu":
+                raise ValueError(f"hardware.target_dtype={self.target_dtype} runs on the CPU only")
+            quant.quantize(pair.target, self.target_precision)
         if pair.draft is not None:
             pair.draft.to(device=self.device)
         return pair
@@ -108,3 +118,10 @@ def load_hardware(name: str) -> HardwareConfig:
         OmegaConf.structured(HardwareConfig), OmegaConf.load(config_file("hardware", name))
     )
     return OmegaConf.to_object(merged)
+
+
+def auto_target_dtype() -> str:
+    """`target_dtype=auto`: bfloat16 products where the CPU computes bf16 natively
+    (`onednn.bf16_native`), else float32 (docs/bench.md, "Quantized targets", has the
+    measurements behind this rule)."""
+    return "bfloat16" if onednn.bf16_native() else "float32"

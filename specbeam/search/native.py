@@ -145,7 +145,7 @@ class _Layer:
 @dataclass(frozen=True)
 class _Resolved:
     """A call's fixed arguments for one row count: per layer its norms and products
-    (weight, bias, packed copy), and the products' kinds and widths."""
+    (weight, bias, packed copy, int8 scales), and the products' kinds and widths."""
 
     tensors: list[list[Tensor | None]]
     ints: list[int]
@@ -206,7 +206,7 @@ class NativeLayers:
             products = [qkv, *(onednn.resolve(rows, dtype, w, b) for w, b in layer.others)]
             tensors = list(layer.norms)
             for p in products:
-                tensors += (p.weight, p.bias, p.packed)
+                tensors += (p.weight, p.bias, p.packed, p.scales)
                 settled &= p.settled
             per_layer.append(tensors)
             ints += [p.kind for p in products]

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
+from specbeam.search import quant
 from specbeam.search.runtime import Runtime
 
 
@@ -127,8 +128,9 @@ class _RowPacks:
     uses: Counter[int] = field(default_factory=Counter)
 
 
-TORCH, MKL, ONEDNN = 0, 1, 2
-"""How a `Product` runs: `torch.nn.functional.linear`, MKL's packed GEMM, oneDNN's."""
+TORCH, MKL, ONEDNN, BF16, INT8 = 0, 1, 2, 3, 4
+"""How a `Product` runs: `torch.nn.functional.linear`, MKL's packed GEMM, oneDNN's, or a
+weight's reduced precision (`specbeam.search.quant`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +145,15 @@ class Product:
     packed: Tensor | None = None
     sizes: tuple[int, ...] = ()  # a stacked group's output widths (`linears`)
     settled: bool = True  # False: MKL may pack this weight for this row count later
+    scales: Tensor | None = None  # INT8: the weight's per-channel scales
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.kind == INT8:
+            assert self.packed is not None and self.scales is not None
+            return quant.int8_product(x, self.packed, self.scales, self.bias)
+        if self.kind == BF16:
+            assert self.packed is not None
+            return quant.bf16_product(x, self.packed, self.bias)
         if self.kind == MKL:
             rows = x.numel() // x.size(-1)
             out = torch.ops.mkl._mkl_linear(
@@ -195,8 +204,21 @@ def settings() -> tuple[bool, int, bool]:
     return runtime.onednn, runtime.onednn_min_rows, torch.is_grad_enabled()
 
 
+def _quantized(weight: Tensor, bias: Tensor | None) -> Product | None:
+    """The product in `weight`'s marked precision; None where it has none."""
+    if quant.precision_of(weight) is None:
+        return None
+    copy = quant.copy_of(weight)
+    kind = INT8 if copy.precision == "int8" else BF16
+    return Product(kind, weight, bias, copy.data, scales=copy.scales)
+
+
 def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:
-    """How `linear` runs `weight` on `rows` rows of `dtype`."""
+    """How `linear` runs `weight` on `rows` rows of `dtype`: in its marked precision
+    where it has one, whatever the runtime (every path must compute the same numbers)."""
+    quantized = _quantized(weight, bias)
+    if quantized is not None:
+        return quantized
     if _bypassed(dtype, (weight,)):
         return Product(TORCH, weight, bias)
     if _few_rows(rows, dtype):
@@ -214,13 +236,17 @@ def resolve_group(
     rows: int, dtype: torch.dtype, weights: Sequence[Tensor], biases: Sequence[Tensor | None]
 ) -> Product | None:
     """One product over `weights` stacked (their outputs side by side, widths `sizes`);
-    None where they are not stacked (`linears` then runs them one by one)."""
-    if _bypassed(dtype, weights):
+    None where they are not stacked (`linears` then runs them one by one). Weights of
+    one marked precision stack into a weight of that precision: its rows are theirs."""
+    precision = quant.precision_of(weights[0])
+    if precision is None and _bypassed(dtype, weights):
         return None
-    key = tuple(_key(t) for t in (*weights, *(b for b in biases if b is not None)))
+    if any(quant.precision_of(w) != precision for w in weights):
+        return None
+    key = (precision, *(_key(t) for t in (*weights, *(b for b in biases if b is not None))))
     entry = _fused.get(weights[0])
     if entry is None or entry[0] != key:
-        if not all(_runs(w) for w in weights):
+        if precision is None and not all(_runs(w) for w in weights):
             return None
         with torch.inference_mode():
             stacked = torch.cat([w.detach() for w in weights])
@@ -230,10 +256,17 @@ def resolve_group(
                     w.new_zeros(w.size(0)) if b is None else b.detach()
                     for w, b in zip(weights, biases, strict=True)
                 ])  # fmt: skip
-            copy = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
+            if precision is None:
+                copy = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
+            else:
+                quant.mark(stacked, precision)
+                copy = None
         entry = (key, copy, stacked, bias, tuple(w.size(0) for w in weights))
         _fused[weights[0]] = entry
     _, copy, stacked, bias, sizes = entry
+    quantized = _quantized(stacked, bias)
+    if quantized is not None:
+        return dataclasses.replace(quantized, sizes=sizes)
     if _few_rows(rows, dtype):
         return dataclasses.replace(_mkl_few_rows(rows, stacked, bias), sizes=sizes)
     return Product(ONEDNN, stacked, bias, copy, sizes)
@@ -245,5 +278,5 @@ def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None
     (3M, M) product streams q, k and v faster than three (M, M) ones."""
     group = resolve_group(x.numel() // x.size(-1), x.dtype, weights, biases)
     if group is None:
-        return [_torch_linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+        return [linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
     return list(group(x).split(group.sizes, dim=-1))

@@ -34,7 +34,7 @@ from fairseq2.nn import (
 from torch import Tensor
 from typing_extensions import override
 
-from specbeam.search import native
+from specbeam.search import native, quant
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
 from specbeam.search.lean_decoder import (
@@ -158,7 +158,10 @@ class TreeDecoder:
         self.head = model if isinstance(model, DraftHead) else None
         self.dtype = dtype = next(model.decoder.parameters()).dtype
         self.bias = TreeBias()
-        self._tree_sdpas = [TorchSDPA(self.bias) for _ in model.decoder.layers]
+        self._tree_sdpas = [
+            quant.widened(TorchSDPA(self.bias), layer.self_attn.sdpa)
+            for layer in model.decoder.layers
+        ]
         if encoder_output is None:
             encoder_output = _encode(model, source_seqs, source_layout, lean)
         self.encoder_output = encoder_output.to(dtype)

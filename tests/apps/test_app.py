@@ -72,7 +72,7 @@ def build_error(*overrides: str) -> str:
         ),
         (
             ["hardware.target_dtype=float16"],
-            "hardware.target_dtype=float16 is invalid: allowed: float32, bfloat16",
+            "hardware.target_dtype=float16 is invalid: allowed: float32, bfloat16, int8, auto",
         ),
         (
             ["hardware.memory_budget_mb=-1"],

@@ -1,8 +1,12 @@
+import copy
+
 import pytest
 import torch
+from fairseq2.nn import Projection
 
 from specbeam.apps.hardware import HardwareConfig, load_hardware
-from specbeam.search import onednn
+from specbeam.integration.models import LoadedPair
+from specbeam.search import onednn, quant
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -24,9 +28,25 @@ def test_unknown_dtype_names_the_setting_and_what_is_allowed() -> None:
     ):
         HardwareConfig(draft_dtype="fp8").apply()
     with pytest.raises(
-        ValueError, match="hardware.target_dtype=auto is invalid: allowed: float32, bfloat16$"
+        ValueError,
+        match="hardware.target_dtype=float16 is invalid: allowed: float32, bfloat16, int8, auto$",
     ):
-        HardwareConfig(target_dtype="auto").apply()
+        HardwareConfig(target_dtype="float16").apply()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_target_dtype_follows_the_cpu(monkeypatch, native) -> None:
+    monkeypatch.setattr(onednn, "bf16_native", lambda: native)
+    assert HardwareConfig(target_dtype="auto").target_precision == ("bfloat16" if native else "float32")  # fmt: skip
+    assert HardwareConfig(target_dtype="int8").target_precision == "int8"
+
+
+def test_place_quantizes_the_target_in_its_precision(tiny_target) -> None:
+    pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
+    HardwareConfig(target_dtype="int8").place(pair)
+    layers = [m for m in pair.target.modules() if isinstance(m, Projection)]
+    assert len(layers) > 1 and all(quant.precision_of(m.weight) == "int8" for m in layers)
+    assert all(p.dtype == torch.float32 for p in pair.target.parameters())
 
 
 def test_a_device_is_accepted_where_torch_sees_it(monkeypatch) -> None:

@@ -12,24 +12,55 @@
 
 namespace {
 
-// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN.
-constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2;
+// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN, BF16, INT8.
+constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2, kBf16 = 3, kInt8 = 4;
+constexpr double kTiny = 1e-30;  // quant._TINY
 
 Tensor boxed(const c10::OperatorHandle& op, torch::jit::Stack stack) {
   op.callBoxed(&stack);
   return stack[0].toTensor();
 }
 
+std::vector<int64_t> out_shape(const Tensor& x, int64_t width) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = width;
+  return shape;
+}
+
+// quant.int8_product: each row quantised with its own scale, int32 sums, then the scales.
+Tensor int8_product(const Tensor& x, const Tensor& q, const Tensor& scales, const MaybeTensor& b) {
+  const int64_t rows = x.numel() / x.size(-1);
+  Tensor x2 = x.reshape({rows, x.size(-1)});
+  Tensor a = x2.abs().amax(1, true).clamp_min(kTiny).div(127);
+  Tensor qx = x2.div(a).round().to(at::kChar);
+  Tensor out = at::_int_mm(qx, q).to(at::kFloat).mul_(scales).mul_(a);
+  if (b) out.add_(*b);
+  return out.view(out_shape(x, q.size(1)));
+}
+
+// quant.bf16_product: bf16 inputs and weights, fp32 output and bias.
+Tensor bf16_product(const Tensor& x, const Tensor& w, const MaybeTensor& b) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  Tensor xb = x.to(at::kBFloat16);
+  Tensor out = w.is_mkldnn() ? boxed(op, {xb, w, MaybeTensor(), std::string("none"),
+                                          c10::List<std::optional<c10::Scalar>>(), std::string("")})
+                             : at::linear(xb, w);
+  out = out.to(at::kFloat);
+  if (b) out.add_(*b);
+  return out;
+}
+
 // onednn.Product.__call__: x (..., in) -> (..., out).
 Tensor product(const Tensor& x, int64_t kind, const Tensor& w, const MaybeTensor& b,
-               const MaybeTensor& packed) {
+               const MaybeTensor& packed, const MaybeTensor& scales) {
+  if (kind == kInt8) return int8_product(x, *packed, *scales, b);
+  if (kind == kBf16) return bf16_product(x, *packed, b);
   if (kind == kMkl) {
     static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "");
     const int64_t rows = x.numel() / x.size(-1);
     Tensor out = boxed(op, {x.reshape({rows, x.size(-1)}), *packed, w, b, rows});
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = w.size(0);
-    return out.view(shape);
+    return out.view(out_shape(x, w.size(0)));
   }
   if (kind == kOnednn) {
     static const auto op =
@@ -55,8 +86,15 @@ struct Packing {
   }
 };
 
-// lean_decoder._attend: q (S, T, H, D), k and v (S, K, H, D) -> (S, T, H·D).
-Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const MaybeTensor& bias) {
+// lean_decoder._attend: q (S, T, H, D), k and v (S, K, H, D) -> (S, T, H·D); `wide`: in
+// fp64, rounded back.
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const MaybeTensor& bias,
+              bool wide) {
+  if (wide) {
+    const auto d = at::kDouble;
+    MaybeTensor b = bias ? MaybeTensor(bias->to(d)) : MaybeTensor();
+    return attend(q.to(d), k.to(d), v.to(d), b, false).to(at::kFloat);
+  }
   Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                 v.transpose(1, 2), bias);
   return out.transpose(1, 2).flatten(2);
@@ -69,12 +107,12 @@ Tensor norm(const Tensor& x, const MaybeTensor& w, const MaybeTensor& b, double 
 }  // namespace
 
 // Per layer, `tensors` holds kTensorsPerLayer entries: three norms (weight, bias), six
-// products (weight, bias, packed copy: q/k/v stacked, self output, cross q, cross output,
+// products (weight, bias, packed copy, int8 scales: q/k/v stacked, self output, cross q, cross output,
 // inner, output), then the cache's keys and values (S, keys, H, D), and the source's
 // cross keys and values (S, K, H, D). `ints` holds, per layer, the six products' kinds,
 // the q/k/v widths and the head dim; `eps` the three norms' epsilons. Then the final
 // norm (weight, bias; eps last). Returns the final states, then the outputs of `taps`.
-extern const size_t kTensorsPerLayer = 6 + 18 + 4;
+extern const size_t kTensorsPerLayer = 6 + 24 + 4;
 extern const size_t kIntsPerLayer = 6 + 3 + 1;
 
 std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
@@ -90,12 +128,13 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
     const MaybeTensor* p = &tensors[l * kTensorsPerLayer];
     const int64_t* n = &ints[l * kIntsPerLayer];
     const double* e = &eps[l * 3];
-    const MaybeTensor* w = p + 6;  // products: w[3 * i], w[3 * i + 1], w[3 * i + 2]
+    const MaybeTensor* w = p + 6;  // products: w[4 * i] .. w[4 * i + 3]
     auto run = [&](int i, const Tensor& in) {
-      return product(in, n[i], *w[3 * i], w[3 * i + 1], w[3 * i + 2]);
+      return product(in, n[i], *w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
     };
     const int64_t head_dim = n[9];
-    const Tensor &keys = *p[24], &values = *p[25], &cross_k = *p[26], &cross_v = *p[27];
+    const bool wide = n[1] >= kBf16;  // quantised layers attend in fp64 (quant.WideSDPA)
+    const Tensor &keys = *p[30], &values = *p[31], &cross_k = *p[32], &cross_v = *p[33];
 
     Tensor h = norm(x, p[0], p[1], e[0]);
     auto qkv = run(0, h).split_with_sizes({n[6], n[7], n[8]}, -1);
@@ -105,11 +144,11 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
     keys.narrow(1, start, t).copy_(k);
     values.narrow(1, start, t).copy_(v);
     Tensor a = packing.pack(attend(q, keys.narrow(1, 0, start + t),
-                                   values.narrow(1, 0, start + t), self_bias));
+                                   values.narrow(1, 0, start + t), self_bias, wide));
     x = x + run(1, a);
     h = norm(x, p[2], p[3], e[1]);
     q = packing.unpack(run(2, h)).unflatten(-1, {-1, head_dim});
-    a = packing.pack(attend(q, cross_k, cross_v, cross_bias));
+    a = packing.pack(attend(q, cross_k, cross_v, cross_bias, wide));
     x = x + run(3, a);
     h = norm(x, p[4], p[5], e[2]);
     x = x + run(5, at::relu(run(4, h)));

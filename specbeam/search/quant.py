@@ -1,0 +1,226 @@
+"""The target's linear layers in reduced precision, with every row computed alone.
+
+Exact speculative search reproduces plain beam search on the model it runs; a
+verification computes each row beside a different number of other rows than a plain step
+does, so a product's result for a row must not depend on the rows beside it:
+- `int8`: weights int8 with one scale per output channel; each input row quantised
+  with its own scale (its largest magnitude / 127). int8 × int8 products sum exactly in
+  int32 (`torch._int_mm`), and the scales apply per element afterwards, so a row's
+  result is the same in any company. One scale per tensor (fbgemm's `quantize_dynamic`)
+  would tie each row to the largest row of the call.
+- `bfloat16`: bf16 weights and inputs, fp32 accumulation and bias; norms, softmax and
+  residuals stay fp32 (oneDNN's packed bf16 product, whose rows do not share a sum).
+
+Rounding to 8 bits is not continuous: an input one fp32 ulp away from a rounding
+boundary lands on the other side, and a quantum is ~1e5 ulps. Attention sums over a
+different set and order of keys in a verification (tree slots beside the cached prefix)
+than in a plain step, so in fp32 its outputs differ in the last bits, and rounded they
+differ by whole quanta. So a
+quantized model attends in fp64 (`WideSDPA`), rounded back to fp32: the same fp32 result
+unless the fp64 one lies within ~1e-16 of an fp32 boundary.
+
+The model keeps its fp32 weights; `quantize` marks them and swaps its fairseq2 linear
+modules for ones that run the same products (and wraps its attention), so fairseq2's own
+generators on the module, the lean decoders and the native layers
+(`specbeam.search.onednn.resolve`) compute the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, final
+
+import torch
+from fairseq2.models.transformer import SDPA, StandardMultiheadAttention
+from fairseq2.nn import ColumnShardedLinear, Linear, RowShardedLinear, TiedProjection
+from torch import Tensor
+from torch.nn import Module
+
+PRECISIONS = ("bfloat16", "int8")
+"""Reduced precisions of the target's products (float32: none)."""
+
+_TINY = 1e-30
+"""Floor of a row's scale: an all-zero row quantises to zeros, not NaN."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quantized:
+    """A weight's copy for its precision: int8 (in, out) and its per-channel scales
+    (out,), or oneDNN's packed bf16 copy (scales None)."""
+
+    precision: str
+    data: Tensor
+    scales: Tensor | None
+
+
+def _version(weight: Tensor) -> tuple:
+    return (weight.data_ptr(), weight.dtype, 0 if weight.is_inference() else weight._version)
+
+
+class _Marks:
+    """weight -> (precision, version, its copy); the copy is made again when the weight
+    changes. Kept on the tensor itself so that it lives and dies with it."""
+
+    ATTR = "_specbeam_quant"
+
+    @classmethod
+    def precision(cls, weight: Tensor) -> str | None:
+        mark = getattr(weight, cls.ATTR, None)
+        # A marked module cast to another dtype (a draft head's copy) runs its own dtype.
+        return None if mark is None or weight.dtype != torch.float32 else mark[0]
+
+    @classmethod
+    def mark(cls, weight: Tensor, precision: str) -> None:
+        setattr(weight, cls.ATTR, [precision, None, None])
+
+    @classmethod
+    def copy(cls, weight: Tensor) -> Quantized:
+        mark = getattr(weight, cls.ATTR)
+        key = _version(weight)
+        if mark[1] != key:
+            mark[1], mark[2] = key, prepare(weight.detach(), mark[0])
+        return mark[2]
+
+
+def precision_of(weight: Tensor) -> str | None:
+    """The precision `weight`'s products run in; None: its own dtype."""
+    return _Marks.precision(weight)
+
+
+def mark(weight: Tensor, precision: str) -> None:
+    """Runs `weight`'s products in `precision` from now on (`product`)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision} is not one of {', '.join(PRECISIONS)}")
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        raise ValueError("only fp32 CPU weights (out, in) are quantised")
+    _Marks.mark(weight, precision)
+
+
+def copy_of(weight: Tensor) -> Quantized:
+    """`weight`'s copy in its marked precision, made on first use."""
+    return _Marks.copy(weight)
+
+
+@torch.inference_mode()
+def prepare(weight: Tensor, precision: str) -> Quantized:
+    """weight (out, in) fp32 -> its copy in `precision`."""
+    if precision == "int8":
+        scales = weight.abs().amax(1).clamp_min(_TINY).div(127)
+        q = weight.div(scales[:, None]).round().to(torch.int8)
+        return Quantized(precision, q.t().contiguous(), scales)
+    w = weight.to(torch.bfloat16)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        w = torch.ops.mkldnn._reorder_linear_weight(w, None)
+    return Quantized(precision, w, None)
+
+
+def int8_product(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+    """x (..., in) fp32 -> (..., out): each row quantised with its own scale.
+    `csrc/lean_layers.cpp: int8_product` runs the same ops in the same order."""
+    rows = x.numel() // x.size(-1)
+    x2 = x.reshape(rows, x.size(-1))
+    a = x2.abs().amax(1, keepdim=True).clamp_min(_TINY).div(127)
+    qx = x2.div(a).round().to(torch.int8)
+    out = torch._int_mm(qx, q).to(torch.float32).mul_(scales).mul_(a)
+    if bias is not None:
+        out.add_(bias)
+    return out.view(*x.shape[:-1], q.size(1))
+
+
+def bf16_product(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
+    """x (..., in) fp32 -> (..., out) fp32 through bf16 weights and inputs. As
+    `csrc/lean_layers.cpp: bf16_product`."""
+    xb = x.to(torch.bfloat16)
+    if w.is_mkldnn:
+        out = torch.ops.mkldnn._linear_pointwise(xb, w, None, "none", [], "")
+    else:
+        out = torch.nn.functional.linear(xb, w)
+    out = out.to(torch.float32)
+    if bias is not None:
+        out.add_(bias)
+    return out
+
+
+def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weight.T + bias in `weight`'s marked precision."""
+    copy = copy_of(weight)
+    if copy.precision == "int8":
+        assert copy.scales is not None
+        return int8_product(x, copy.data, copy.scales, bias)
+    return bf16_product(x, copy.data, bias)
+
+
+def _forward(self: Any, x: Tensor) -> Tensor:
+    if precision_of(self.weight) is None:
+        return super(type(self), self).forward(x)
+    return product(x, self.weight, self.bias)
+
+
+_QUANTIZED: dict[type, type] = {}
+
+
+def quantized_class(cls: type) -> type:
+    """`cls` (a fairseq2 projection) whose product runs in its weight's marked precision."""
+    if cls not in _QUANTIZED:
+        _QUANTIZED[cls] = type(f"Quantized{cls.__name__}", (cls,), {"forward": _forward})
+    return _QUANTIZED[cls]
+
+
+def _swappable(module: Module) -> bool:
+    """fairseq2's projections that are one product: a sharded one over a gang of one
+    (what fairseq2 builds a model's layers with) gathers and reduces nothing."""
+    if type(module) in (Linear, TiedProjection):
+        return True
+    if type(module) in (ColumnShardedLinear, RowShardedLinear):
+        return module.tp_gang.size == 1
+    return False
+
+
+@final
+class WideSDPA(SDPA):
+    """Another SDPA run in fp64, its output rounded back to fp32."""
+
+    def __init__(self, inner: SDPA) -> None:
+        super().__init__()
+        self.inner = inner
+
+    @property
+    def scale(self) -> float | None:  # read by `lean_decoder.attention_problem`
+        return getattr(self.inner, "scale", None)
+
+    def forward(
+        self,
+        q: Tensor,
+        q_layout: Any,
+        k: Tensor,
+        k_layout: Any,
+        v: Tensor,
+        bias_cache: Any,
+        *,
+        needs_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:  # type: ignore[override]  # noqa: E501
+        out, weights = self.inner(
+            q.double(), q_layout, k.double(), k_layout, v.double(), bias_cache,
+            needs_weights=needs_weights,
+        )  # fmt: skip
+        return out.to(q.dtype), weights
+
+
+def widened(sdpa: SDPA, like: SDPA) -> SDPA:
+    """`sdpa`, in fp64 where `like` is (a tree call's stand-in for a layer's SDPA)."""
+    return WideSDPA(sdpa) if isinstance(like, WideSDPA) else sdpa
+
+
+def quantize(model: Module, precision: str) -> Module:
+    """Marks every fairseq2 linear layer of `model` (the final projection included) to
+    run in `precision`, and its attention to run in fp64; float32 leaves it as it is.
+    In place; the fp32 weights stay."""
+    if precision == "float32":
+        return model
+    for module in list(model.modules()):
+        if isinstance(module, StandardMultiheadAttention) and not isinstance(module.sdpa, WideSDPA):
+            module.sdpa = WideSDPA(module.sdpa)
+        if _swappable(module):
+            module.__class__ = quantized_class(type(module))
+            mark(module.weight, precision)
+    return model

@@ -1,0 +1,189 @@
+"""Reduced-precision targets: each row of a product is computed alone, every path (the
+fairseq2 modules, the lean decoder in Python, the native layers) computes the same
+numbers, and exact speculative search reproduces beam search on the quantized target
+(fairseq2's `BeamSearchSeq2SeqGenerator` on the same quantized modules, and specbeam's
+lean plain search). Comparison rule as in test_generator.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from fairseq2.nn import Linear, Projection
+
+from specbeam.apps.data import pad
+from specbeam.search import onednn, quant
+from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
+from specbeam.search.head import DraftHead, HeadArch
+from tests.conftest import sources
+from tests.search.test_generator import Case, assert_same, run_both
+from tests.search.test_native import test_native_layers_match_the_python_loop_bit_for_bit
+
+PRECISIONS = [
+    "int8",
+    pytest.param(
+        "bfloat16",
+        marks=pytest.mark.skipif(
+            not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no native bf16 here"
+        ),
+    ),
+]
+
+
+def marked_weight(precision: str, out: int = 96, inp: int = 64, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out, inp, generator=gen) / 8
+    quant.mark(weight, precision)
+    return weight
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("inp", [64, 512])
+@torch.inference_mode()
+def test_a_row_is_the_same_in_any_company(precision, inp) -> None:
+    """Rows 0, 3 and the last alone, and inside 5, 27 and 100 rows: bit-equal."""
+    weight = marked_weight(precision, out=200, inp=inp)
+    bias = torch.randn(200)
+    x = torch.randn(100, inp) * torch.logspace(-2, 2, 100)[:, None]  # rows of any magnitude
+    for rows in (5, 27, 100):
+        together = onednn.linear(x[:rows], weight, bias)
+        for i in (0, 3, rows - 1):
+            assert torch.equal(together[i], onednn.linear(x[i : i + 1], weight, bias)[0])
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@torch.inference_mode()
+def test_close_to_the_fp32_product(precision) -> None:
+    weight = marked_weight(precision, inp=512)
+    x, bias = torch.randn(27, 512), torch.randn(96)
+    want = torch.nn.functional.linear(x, weight, bias)
+    error = (onednn.linear(x, weight, bias) - want).norm() / want.norm()
+    # Rounding each factor to 8 significant bits (bf16) or to one of 255 steps of its
+    # row's or channel's largest magnitude (int8, about 4 steps per standard deviation
+    # here): errors of a few tenths of a percent to a percent, at random signs.
+    assert error < (0.02 if precision == "int8" else 0.005), error
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@torch.inference_mode()
+def test_stacked_weights_compute_their_rows_alone(precision) -> None:
+    """q, k and v stacked into one product give what three products give (the fairseq2
+    modules run them one by one)."""
+    weights = [marked_weight(precision, seed=s) for s in range(3)]
+    biases = [torch.randn(96), None, torch.randn(96)]
+    x = torch.randn(2, 7, 64)
+    stacked = onednn.linears(x, weights, biases)
+    assert onednn.resolve_group(14, x.dtype, weights, biases) is not None
+    for w, b, got in zip(weights, biases, stacked, strict=True):
+        assert torch.equal(got, quant.product(x, w, b))
+
+
+def test_marks_fp32_cpu_weights_only() -> None:
+    with pytest.raises(ValueError, match="precision"):
+        quant.mark(torch.zeros(4, 4), "float16")
+    with pytest.raises(ValueError, match="fp32"):
+        quant.mark(torch.zeros(4, 4, dtype=torch.bfloat16), "int8")
+
+
+def test_a_changed_weight_is_quantized_again() -> None:
+    layer = Linear(64, 32, bias=True)
+    quant.mark(layer.weight, "int8")
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        before = quant.product(x, layer.weight, layer.bias)
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    with torch.inference_mode():
+        after = quant.product(x, layer.weight, layer.bias)
+    torch.testing.assert_close(after - layer.bias, 2 * (before - layer.bias), atol=1e-4, rtol=0)
+
+
+def test_a_cast_copy_runs_its_own_dtype() -> None:
+    """A draft head's bf16 copy of the target's final projection is not quantized."""
+    layer = Linear(64, 32, bias=False)
+    quant.quantize(torch.nn.Sequential(layer), "int8")
+    cast = copy.deepcopy(layer).to(torch.bfloat16)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    assert quant.precision_of(cast.weight) is None
+    torch.testing.assert_close(cast(x), torch.nn.functional.linear(x, cast.weight))
+
+
+@pytest.fixture(scope="module", params=PRECISIONS)
+def quantized(request, tiny_target):
+    """The tiny target in reduced precision, and a draft head over it."""
+    target = quant.quantize(copy.deepcopy(tiny_target), request.param)
+    torch.manual_seed(3)
+    head = DraftHead(target, HeadArch(num_layers=1)).eval()
+    return target, head
+
+
+def test_quantize_swaps_every_linear_layer(quantized) -> None:
+    target, _ = quantized
+    layers = [m for m in target.modules() if isinstance(m, Projection)]
+    assert len(layers) > 1  # the layers' projections (sharded ones, over one rank) too
+    assert all(quant.precision_of(m.weight) in quant.PRECISIONS for m in layers)
+
+
+@pytest.mark.parametrize("min_rows", [1, 10_000], ids=["onednn", "mkl"])
+def test_native_layers_match_the_python_loop(quantized, monkeypatch, min_rows, use_runtime):
+    test_native_layers_match_the_python_loop_bit_for_bit(
+        quantized[0], monkeypatch, min_rows, use_runtime
+    )
+
+
+def run_against_lean_plain(case: Case, target, draft, vocab_info):
+    """specbeam's lean plain search and exact speculative search (lean target), as
+    `run_both` builds fairseq2's and the speculative generator."""
+    srcs = sources(seed=1000 + case.seed, batch=case.batch)
+    src, src_layout = pad(srcs, 0)
+    prompts, prompt_layout = pad([case.prompt] * case.batch, 0)
+    common = dict(
+        beam_size=case.beam_size, len_penalty=case.len_penalty, min_gen_len=case.min_gen_len,
+        max_gen_len=case.max_gen_len, lean_target=True, **case.extra,
+    )  # fmt: skip
+    spec = {
+        "gamma": case.gamma, "draft_strategy": case.strategy, "draft_width": case.draft_width,
+        "max_draft_nodes": case.max_draft_nodes, **case.shape,
+    }  # fmt: skip
+    plain_gen = SpeculativeBeamSearchSeq2SeqGenerator(target, None, vocab_info, plain="lean", **common)  # fmt: skip
+    spec_gen = SpeculativeBeamSearchSeq2SeqGenerator(target, draft, vocab_info, **spec, **common)
+    try:
+        plain = plain_gen(src, src_layout, prompts, prompt_layout)
+    except ValueError:
+        return None  # settings both refuse (test_generator.py checks the complaint)
+    return plain, spec_gen(src, src_layout, prompts, prompt_layout)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_equivalence_with_lean_plain_search(seed, quantized, tiny_draft, vocab_info) -> None:
+    """Against specbeam's lean plain search on the quantized target: the products
+    compute rows alone and attention in fp64, so the roundings to int8 or bf16 are the
+    same, and scores differ by fp32 rounding only (SCORE_TOL)."""
+    result = run_against_lean_plain(Case.draw(seed), quantized[0], tiny_draft, vocab_info)
+    if result is not None:
+        assert_same(*result)
+
+
+@pytest.mark.parametrize("seed", range(1, 60, 2))
+def test_equivalence_with_a_head_over_the_quantized_target(seed, quantized, vocab_info) -> None:
+    """As above, drafted by a head that reads the quantized target's states."""
+    target, head = quantized
+    result = run_against_lean_plain(Case.draw(seed), target, head, vocab_info)
+    if result is not None:
+        assert_same(*result)
+
+
+@pytest.mark.parametrize("seed", range(60, 90))
+def test_equivalence_with_fairseq2_on_the_quantized_modules(
+    seed, quantized, tiny_draft, vocab_info
+):
+    """Against fairseq2's beam search on the same quantized modules, the target run
+    through them too. (The lean encoder and fairseq2's differ in the last fp32 bits, so
+    a rounding to int8 or bf16 can differ between the two paths: each path is compared
+    with its own plain search.)"""
+    target, head = quantized
+    draft = head if seed % 2 else tiny_draft
+    result = run_both(Case.draw(seed), target, draft, vocab_info, lean_target=False)
+    if result is not None:
+        assert_same(*result)
