@@ -148,7 +148,7 @@ def decoder_layer(
     keys and values (S, K, H, D). Inference appends the new keys to its cache; training a
     head attends across unrolled drafting steps: `keys_with` says which."""
     attn = layer.self_attn
-    wide = quant.precision_of(attn.output_proj.weight) is not None
+    wide = quant.attends_wide(attn)
     h = _norm(x, layer.self_attn_layer_norm)
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
     q, k, v = (_heads(_unpacked(t, packing), attn.head_dim) for t in linears(h, *_params(projs)))

@@ -70,7 +70,7 @@ def encode(encoder: StandardTransformerEncoder, x: Tensor, seq_lens: list[int]) 
         h = _norm(x, layer.self_attn_layer_norm)
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         q, k, v = (_heads(t, attn.head_dim) for t in linears(h, *_params(projs)))
-        wide = quant.precision_of(attn.output_proj.weight) is not None
+        wide = quant.attends_wide(attn)
         out = _attend(q, k, v, bias, wide)
         x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
         x = feed_forward(layer, x)

@@ -206,6 +206,12 @@ class WideSDPA(SDPA):
         return out.to(q.dtype), weights
 
 
+def attends_wide(attn: Module) -> bool:
+    """Whether the lean and native layers run `attn` (an attention module) in fp64: its
+    products are quantized."""
+    return precision_of(attn.output_proj.weight) is not None
+
+
 def widened(sdpa: SDPA, like: SDPA) -> SDPA:
     """`sdpa`, in fp64 where `like` is (a tree call's stand-in for a layer's SDPA)."""
     return WideSDPA(sdpa) if isinstance(like, WideSDPA) else sdpa
