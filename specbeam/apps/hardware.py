@@ -4,6 +4,7 @@ precisions, and the decoding settings `python -m specbeam.calibrate` found faste
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from specbeam.search.planner import PlanCosts
 if TYPE_CHECKING:
     from specbeam.apps.decoding import DecodingConfig
 
+
+log = logging.getLogger("specbeam.hardware")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _TARGET_DTYPES = ("float32", *quant.PRECISIONS, "auto")
@@ -82,17 +85,30 @@ class HardwareConfig(MachineSettings):
 
     @property
     def target_precision(self) -> str:
-        """float32, bfloat16 or int8: `target_dtype` with auto resolved."""
-        return auto_target_dtype() if self.target_dtype == "auto" else self.target_dtype
+        """float32, bfloat16 or int8: `target_dtype` with auto resolved, and bfloat16
+        as float32 on a CPU that only emulates it (slower than fp32)."""
+        precision = auto_target_dtype() if self.target_dtype == "auto" else self.target_dtype
+        return "float32" if precision == "bfloat16" and not onednn.bf16_native() else precision
 
     def place(self, pair: LoadedPair) -> LoadedPair:
         """The pair on this machine's device, the target's products in their precision
         (the draft's was chosen at loading)."""
         pair.target.to(device=self.device)
+        if self.target_dtype == "bfloat16" and self.target_precision == "float32":
+            log.warning(
+                "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: %s), "
+                "so the target runs float32",
+                " ".join(onednn.cpu_flags()) or "no AVX-512 or AMX",
+            )
         if self.target_precision != "float32":
             if self.device != "cpu":
                 raise ValueError(f"hardware.target_dtype={self.target_dtype} runs on the CPU only")
-            quant.quantize(pair.target, self.target_precision)
+            try:
+                quant.quantize(pair.target, self.target_precision)
+            except ValueError as error:
+                raise ValueError(
+                    f"hardware.target_dtype={self.target_dtype} cannot run this target: {error}"
+                ) from None
         if pair.draft is not None:
             pair.draft.to(device=self.device)
         return pair

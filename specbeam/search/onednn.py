@@ -88,6 +88,16 @@ def bf16_native() -> bool:
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def cpu_flags(prefixes: tuple[str, ...] = ("avx512", "amx", "avx_vnni")) -> list[str]:
+    """The CPU's flags that decide how fast reduced precisions run (/proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            line = next((x for x in info if x.startswith("flags")), "")
+    except OSError:
+        return []
+    return sorted({f for f in line.split(":")[-1].split() if f.startswith(prefixes)})
+
+
 def _runs(weight: Tensor) -> bool:
     if weight.device.type != "cpu" or weight.dim() != 2:
         return False

@@ -223,10 +223,16 @@ def quantize(model: Module, precision: str) -> Module:
     In place; the fp32 weights stay."""
     if precision == "float32":
         return model
-    for module in list(model.modules()):
+    projections = [m for m in model.modules() if _swappable(m)]
+    if not projections:
+        raise ValueError("it has no fairseq2 linear layers to quantize")
+    odd = next((m.weight for m in projections if m.weight.dtype != torch.float32), None)
+    if odd is not None:
+        raise ValueError(f"its linear layers are {odd.dtype}: only float32 weights are quantized")
+    for module in model.modules():
         if isinstance(module, StandardMultiheadAttention) and not isinstance(module.sdpa, WideSDPA):
             module.sdpa = WideSDPA(module.sdpa)
-        if _swappable(module):
-            module.__class__ = quantized_class(type(module))
-            mark(module.weight, precision)
+    for module in projections:
+        module.__class__ = quantized_class(type(module))
+        mark(module.weight, precision)
     return model

@@ -49,6 +49,37 @@ def test_place_quantizes_the_target_in_its_precision(tiny_target) -> None:
     assert all(p.dtype == torch.float32 for p in pair.target.parameters())
 
 
+def test_bfloat16_without_native_support_runs_float32_with_a_warning(
+    monkeypatch, caplog, tiny_target
+) -> None:
+    monkeypatch.setattr(onednn, "bf16_native", lambda: False)
+    monkeypatch.setattr(onednn, "cpu_flags", lambda: ["avx512f", "avx512bw"])
+    pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="specbeam.hardware"):
+        HardwareConfig(target_dtype="bfloat16").place(pair)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: avx512f "
+        "avx512bw), so the target runs float32"
+    )
+    assert all(quant.precision_of(p) is None for p in pair.target.parameters())
+
+
+def test_a_target_that_cannot_be_quantized_is_a_one_line_error(tiny_target) -> None:
+    half = copy.deepcopy(tiny_target).to(torch.bfloat16)
+    pair = LoadedPair(tokenizer=None, target=half, draft=None)  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError,
+        match=r"^hardware.target_dtype=int8 cannot run this target: its linear layers are "
+        r"torch.bfloat16: only float32 weights are quantized$",
+    ):
+        HardwareConfig(target_dtype="int8").place(pair)
+    assert not any(isinstance(m, quant.WideSDPA) for m in half.modules())
+    no_layers = LoadedPair(tokenizer=None, target=torch.nn.Sequential(torch.nn.ReLU()), draft=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="it has no fairseq2 linear layers to quantize$"):
+        HardwareConfig(target_dtype="int8").place(no_layers)
+
+
 def test_a_device_is_accepted_where_torch_sees_it(monkeypatch) -> None:
     with pytest.raises(ValueError, match="hardware.device=tpu is invalid: allowed: cpu, cuda"):
         HardwareConfig(device="tpu", threads=1).apply()
