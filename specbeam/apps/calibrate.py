@@ -338,7 +338,7 @@ def describe(cal: Calibration, hardware: HardwareConfig, beam_size: int) -> str:
     draft = f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T"
     return (
         f"cost model (threads={hardware.threads}; ms per call over T query slots):\n"
-        f"  {'verify (target, fp32)':<24}{verify:<18}measured T: ms = {measured['target']}\n"
+        f"  {f'verify (target, {hardware.target_precision})':<24}{verify:<18}measured T: ms = {measured['target']}\n"
         f"  {f'draft ({hardware.draft_dtype})':<24}{draft:<18}measured T: ms = {measured['draft']}\n"
         f"  {f'plain beam {beam_size} step':<24}{cal.fairseq2_step_ms:.2f} fairseq2, "
         f"{cost.plain_ms(beam_size):.2f} specbeam (lean), per target decoder call\n"

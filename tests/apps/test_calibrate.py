@@ -45,7 +45,7 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     path = calibrate(cfg)
     assert path == tmp_path / "hardware" / "cal_test.yaml"
     printed = capsys.readouterr().out
-    assert "verify (target, fp32)" in printed and "| γ | width | τ |" in printed
+    assert "verify (target, float32)" in printed and "| γ | width | τ |" in printed
     assert printed.count("| 2 | 5 |") + printed.count("| 5 | 6 |") == 2
     assert path.read_text().startswith("# Written by `python -m specbeam.calibrate`")
     assert "beside the calls" in printed and "| beside ms/pass |" in printed
