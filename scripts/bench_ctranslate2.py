@@ -21,16 +21,17 @@ with OMP_NUM_THREADS and CTranslate2's intra_threads at `--threads` (inter_threa
 engines run in a rotated order each repeat; rows give the minimum and the median.
 
 Beside the time, the CPU time every other process (all but the engine's and its descendants)
-used during the timed calls, from each one's /proc/[pid]/stat (the kernel's own and reaped
-children's time per process, the count getrusage reads), and the vCPUs' steal time
-(/proc/stat). Not /proc/stat's busy time minus the engine's own: busy time is sampled at
-ticks, and a tick's share is cut by the steal time the vCPU accrued since the last, which
-on this hypervisor includes the host waking an idle (halted) vCPU; an engine that halts a
-vCPU between short parallel steps (CTranslate2 at batch 1) then has less busy time than its
-own CPU time. Outputs are compared token by token with fairseq2's fp32 beam search
-(CTranslate2 ranks, normalises and stops its beams its own way, so a few sentences may
-differ: counted, not hidden); specbeam's bfloat16 and int8 rows are exact to its own plain
-beam search on that quantized target, not to fp32 beam. Writes ct2.md, ct2.json and ct2.png.
+used during the timed calls, from each one's /proc/[pid]/stat (the scheduler's exact time
+per process, its threads' and reaped children's included: what getrusage reads), and the
+vCPUs' steal time (/proc/stat). Not /proc/stat's busy time minus the engine's own: busy
+time there is sampled by the scheduler tick and idle time measured only inside the idle
+loop, so a vCPU that halts and is woken very often (CTranslate2's int8 threads at
+batch 1) spends time in neither, and busy time falls short of the engine's own CPU time.
+
+Outputs are compared token by token with fairseq2's fp32 beam search (CTranslate2 ranks,
+normalises and stops its beams its own way, so a few sentences may differ: counted, not
+hidden); specbeam's bfloat16 and int8 rows are exact to its own plain beam search on that
+quantized target, not to fp32 beam. Writes ct2.md, ct2.json and ct2.png.
 """
 
 from __future__ import annotations
