@@ -509,7 +509,7 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
     meta = {"sentences": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_name()}
     (out / "ct2.json").write_text(json.dumps({**summary, **meta}, indent=1) + "\n")
     print("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
     names = list(next(iter(results.values())))
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -521,7 +521,7 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], list(results))
     ax.set_ylabel("speed vs fairseq2 beam search")
     ax.set_title(f"Beam 5, {n} test verses, {args.threads} threads, {meta['cpu']}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     fig.savefig(out / "ct2.png", dpi=120)
 
