@@ -4,22 +4,34 @@
     .venv/bin/python scripts/bench_ctranslate2.py            # every 14th test verse, 3 repeats
     .venv/bin/python scripts/bench_ctranslate2.py --quick    # 4 verses, 1 repeat (smoke test)
     .venv/bin/python scripts/bench_ctranslate2.py --every 1 --repeats 5
+    .venv/bin/python scripts/bench_ctranslate2.py --engines int8   # fairseq2 and every int8 row
 
 CTranslate2 is the fastest CPU engine for this model class, and it has no speculative
 decoding: the bar specbeam's exact beam search must clear. A first process tokenizes the
 verses and converts the target once (seconds; `~/.cache/specbeam/ct2/<hash of weights and epsilon>`) into
 CTranslate2's own Transformer spec: the same weights, sinusoidal table, token ids and layer
 norm epsilon. Then every engine runs in a fresh process: fairseq2's beam search, specbeam's
-`spec_beam` as configured (planner and all; with a bf16 target too where the CPU has native
-bf16, not exact to fp32 beam), and CTranslate2 at fp32, int8 and int8_float32, which imports
-`ctranslate2` alone (no torch). Each process reads the token ids from a file, loads (not
-timed), makes one warm-up call per batching, then times its decode calls at batch 1, batch
-16 and 1,024 padded source tokens, with OMP_NUM_THREADS and CTranslate2's intra_threads at
-`--threads` (inter_threads 1). The engines run in a rotated order each repeat; rows give the
-minimum and the median, and the CPU time other processes took during the timed calls
-(/proc/stat busy time minus the process's own). Outputs are compared token by token with
-fairseq2's fp32 beam search (CTranslate2 ranks, normalises and stops its beams its own way,
-so a few sentences may differ: counted, not hidden). Writes ct2.md, ct2.json and ct2.png.
+`spec_beam` as configured (planner and all) on the fp32 target and with its linear layers in
+bfloat16 (where the CPU has native bf16) and int8 (`hardware.target_dtype`), and CTranslate2
+at fp32, int8 and int8_float32, which imports `ctranslate2` alone (no torch). `--engines`
+picks some by name or part of one; fairseq2's beam search always runs, the reference. Each
+process reads the token ids from a file, loads (not timed), makes one warm-up call per
+batching, then times its decode calls at batch 1, batch 16 and 1,024 padded source tokens,
+with OMP_NUM_THREADS and CTranslate2's intra_threads at `--threads` (inter_threads 1). The
+engines run in a rotated order each repeat; rows give the minimum and the median.
+
+Beside the time, the CPU time every other process (all but the engine's and its descendants)
+used during the timed calls, from each one's /proc/[pid]/stat (the scheduler's exact time
+per process, its threads' and reaped children's included: what getrusage reads), and the
+vCPUs' steal time (/proc/stat). Not /proc/stat's busy time minus the engine's own: busy
+time there is sampled by the scheduler tick and idle time measured only inside the idle
+loop, so a vCPU that halts and is woken very often (CTranslate2's int8 threads at
+batch 1) spends time in neither, and busy time falls short of the engine's own CPU time.
+
+Outputs are compared token by token with fairseq2's fp32 beam search (CTranslate2 ranks,
+normalises and stops its beams its own way, so a few sentences may differ: counted, not
+hidden); specbeam's bfloat16 and int8 rows are exact to its own plain beam search on that
+quantized target, not to fp32 beam. Writes ct2.md, ct2.json and ct2.png.
 """
 
 from __future__ import annotations
@@ -28,12 +40,12 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,11 +61,17 @@ REPO_ROOT = Path(__file__).resolve().parents[1]  # scripts run from a checkout
 CT2_TYPES = ("float32", "int8", "int8_float32")
 BATCHINGS = {"batch 1": ("examples", 1), "batch 16": ("examples", 16), "1,024 tokens": ("tokens", 1024)}  # fmt: skip
 BASE = "fairseq2 beam"
+SPEC = "specbeam spec_beam"
+SPEC_DTYPES = ("float32", "bfloat16", "int8")
+"""The target precisions specbeam runs in (`hardware.target_dtype`); its rows but fp32's
+are named `SPEC+<dtype>`."""
 
 Job = dict[str, Any]
 """What the first process writes for the engines: token ids, batches, beam settings."""
 Decode = Callable[[list[list[int]]], list[list[int]]]
 """Source token ids -> the best hypothesis' tokens (no EOS, no prompt)."""
+Processes = dict[tuple[int, int], tuple[int, float, float]]
+"""(pid, start time) -> (parent pid, own CPU seconds, reaped children's CPU seconds)."""
 
 
 def token(i: int) -> str:
@@ -158,11 +176,11 @@ def token_batches(lengths: list[int], order: list[int], tokens: int) -> list[lis
 def prepare(job_path: Path, every: int, limit: int | None) -> None:
     """Tokenizes the verses, converts the target if not yet, and writes the job file."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    import torch
     from bench import Models, load_config
 
     from specbeam.apps.decoding import load_decoding
     from specbeam.apps.inference import encode_sources, target_prompt
+    from specbeam.search import onednn
 
     cfg = load_config("bible_es_en", "cpu")
     models = Models.load(cfg)
@@ -196,14 +214,39 @@ def prepare(job_path: Path, every: int, limit: int | None) -> None:
         "len_penalty": beam.len_penalty,
         "max_gen_len": list(beam.max_gen_len),
         "ct2_model": str(where),
-        "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "bf16_native": onednn.bf16_native(),
         "batches": batches,
     }
     job_path.write_text(json.dumps(job) + "\n")
 
 
+def engines(bf16_native: bool) -> list[str]:
+    """Every engine this machine runs, in the table's order (bfloat16 only where native:
+    elsewhere PyTorch emulates it, slower than fp32)."""
+    spec = [SPEC] + [f"{SPEC}+{d}" for d in SPEC_DTYPES[1:] if d != "bfloat16" or bf16_native]
+    return [BASE, *spec, *(f"CTranslate2 {t}" for t in CT2_TYPES)]
+
+
+def choose(available: list[str], wanted: list[str] | None) -> list[str]:
+    """The engines `wanted` names (all if None), fairseq2's beam search always (the
+    reference): an engine's whole name picks it alone, any other string every engine whose
+    name contains it."""
+    if not wanted:
+        return available
+    picked = [w for w in wanted if w in available]
+    parts = [w for w in wanted if w not in available]
+    unknown = [w for w in parts if not any(w in e for e in available)]
+    if unknown:
+        raise SystemExit(
+            f"error: --engines {', '.join(unknown)}: no such engine here; "
+            f"the engines are: {', '.join(available)}"
+        )
+    return [e for e in available if e == BASE or e in picked or any(w in e for w in parts)]
+
+
 def torch_decoder(job: Job, engine: str, threads: int) -> Decode:
-    """fairseq2's beam search or specbeam's spec_beam (bf16 target: `+bf16`), loaded."""
+    """fairseq2's beam search or specbeam's spec_beam (`+<dtype>`: the target's precision),
+    loaded."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     import torch
     from bench import Models, load_config
@@ -213,8 +256,7 @@ def torch_decoder(job: Job, engine: str, threads: int) -> Decode:
 
     cfg = load_config("bible_es_en", "cpu")
     cfg.hardware.threads = threads
-    if engine.endswith("+bf16"):
-        cfg.hardware.target_dtype = "bfloat16"
+    cfg.hardware.target_dtype = engine.partition("+")[2] or "float32"
     models = Models.load(cfg)
     method = "beam" if engine == BASE else "spec_beam"
     generator = models.generator(cfg.hardware.tune(load_decoding(method)))
@@ -252,18 +294,57 @@ def ct2_decoder(job: Job, compute_type: str, threads: int, tokens: int | None) -
     return run
 
 
-def busy_seconds() -> float:
-    """CPU time all processes have used (/proc/stat: user, nice, system, irq, softirq; guest
-    time is counted in user, steal is other machines')."""
-    user, nice, system, _idle, _iowait, irq, softirq = map(
-        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    )
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+def processes() -> Processes:
+    """Every process now, from /proc/[pid]/stat: the kernel's per-task CPU time (what
+    getrusage reads), the threads' and reaped children's included, whole clock ticks."""
+    tick, found = os.sysconf("SC_CLK_TCK"), {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{name}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        f = text[text.rindex(")") + 2 :].split()  # from field 3 on: the name may hold spaces
+        own, reaped = int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+        found[int(name), int(f[19])] = (int(f[1]), own / tick, reaped / tick)
+    return found
 
 
-def own_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def descendants(procs: Processes, pid: int) -> set[int]:
+    """`pid` and every process below it."""
+    children = defaultdict(list)
+    for (child, _), (parent, _, _) in procs.items():
+        children[parent].append(child)
+    found, todo = set(), [pid]
+    while todo:
+        found.add(p := todo.pop())
+        todo += children[p]
+    return found
+
+
+def others_cpu(before: Processes, after: Processes, pid: int) -> float:
+    """CPU seconds every process but `pid` and its descendants used between two snapshots:
+    each one's own time, and that of its children that ended and were reaped meanwhile
+    less what they had used before. Never negative: a process that ended unreaped by one in
+    `after` (a kernel thread) takes its last moments with it."""
+    ours = descendants(before, pid) | descendants(after, pid)
+    ended: dict[int, float] = defaultdict(float)  # parent pid -> its ended children's time before
+    for key, (parent, own, reaped) in before.items():
+        if key not in after:
+            ended[parent] += own + reaped
+    total = 0.0
+    for key, (_, own, reaped) in after.items():
+        if key[0] not in ours:
+            _, own0, reaped0 = before.get(key, (0, 0.0, 0.0))
+            total += own - own0 + max(0.0, reaped - reaped0 - ended[key[0]])
+    return total
+
+
+def steal_seconds() -> float:
+    """Time the hypervisor kept this machine's vCPUs from running (/proc/stat)."""
+    steal = Path("/proc/stat").read_text().split("\n", 1)[0].split()[8]
+    return int(steal) / os.sysconf("SC_CLK_TCK")
 
 
 def work(job_path: Path, engine: str, threads: int, out: Path) -> None:
@@ -280,15 +361,19 @@ def work(job_path: Path, engine: str, threads: int, out: Path) -> None:
                 batches = [[i for batch in batches for i in batch]]
         assert decode is not None
         decode([sources[i] for i in job["batches"][name][0]])
-        seconds = others = 0.0
+        seconds = others = steal = 0.0
         tokens: dict[int, list[int]] = {}
         for batch in batches:
-            busy, own, began = busy_seconds(), own_seconds(), time.perf_counter()
+            procs, stolen, began = processes(), steal_seconds(), time.perf_counter()
             hyps = decode([sources[i] for i in batch])
             seconds += time.perf_counter() - began
-            others += busy_seconds() - busy - (own_seconds() - own)
+            steal += steal_seconds() - stolen
+            others += others_cpu(procs, processes(), os.getpid())
             tokens.update(zip(batch, hyps, strict=True))
-        results[name] = {"seconds": seconds, "others_cpu": others, "tokens": [tokens[i] for i in range(len(sources))]}  # fmt: skip
+        results[name] = {
+            "seconds": seconds, "others_cpu": others, "steal": steal,
+            "tokens": [tokens[i] for i in range(len(sources))],
+        }  # fmt: skip
     out.write_text(json.dumps(results) + "\n")
 
 
@@ -317,6 +402,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of every engine")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="4 verses, 1 repeat")
+    parser.add_argument(
+        "--engines", nargs="+", metavar="NAME",
+        help="engines by name or part of one (default: all); fairseq2 beam always runs",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_out")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)  # the child processes'
     args = parser.parse_args()
@@ -340,18 +429,16 @@ def main() -> None:
         job_path = Path(tmp) / "job.json"
         spawn(["--step", "prepare", str(job_path), str(args.every), str(args.limit or 0)], args.threads)  # fmt: skip
         job = json.loads(job_path.read_text())
-        engines = [BASE, "specbeam spec_beam"]
-        engines += ["specbeam spec_beam+bf16"] * job["bf16_native"]
-        engines += [f"CTranslate2 {t}" for t in CT2_TYPES]
-        runs: dict[str, list[dict]] = {e: [] for e in engines}
+        chosen = choose(engines(job["bf16_native"]), args.engines)
+        runs: dict[str, list[dict]] = {e: [] for e in chosen}
         for r in range(args.repeats):
-            for engine in engines[r % len(engines) :] + engines[: r % len(engines)]:
+            for engine in chosen[r % len(chosen) :] + chosen[: r % len(chosen)]:
                 print(f"repeat {r + 1}/{args.repeats}: {engine}", file=sys.stderr)
                 out = Path(tmp) / "run.json"
                 spawn(["--step", "work", str(job_path), engine, str(args.threads), str(out)], args.threads)  # fmt: skip
                 runs[engine].append(json.loads(out.read_text()))
         # Outputs are deterministic: each engine's last run, detokenized in one process.
-        keys = [(e, b) for e in engines for b in BATCHINGS]
+        keys = [(e, b) for e in chosen for b in BATCHINGS]
         text_path = Path(tmp) / "texts.json"
         text_path.write_text(json.dumps([runs[e][-1][b]["tokens"] for e, b in keys]))
         spawn(["--step", "texts", str(job_path), str(text_path)], args.threads)
@@ -360,7 +447,8 @@ def main() -> None:
 
 
 def table(job: Job, runs: dict[str, list[dict]], text: dict[tuple[str, str], list[str]]) -> dict:
-    """Per batching and engine: min and median seconds, other processes' CPU, agreement, BLEU."""
+    """Per batching and engine: min and median seconds, other processes' CPU and steal,
+    agreement, BLEU."""
     from sacrebleu.metrics import BLEU
 
     metric, results = BLEU(), {}
@@ -374,6 +462,7 @@ def table(job: Job, runs: dict[str, list[dict]], text: dict[tuple[str, str], lis
                 "min_seconds": min(seconds),
                 "median_seconds": statistics.median(seconds),
                 "others_cpu_seconds": statistics.median(r[b]["others_cpu"] for r in rs),
+                "steal_seconds": statistics.median(r[b]["steal"] for r in rs),
                 "speedup_vs_fairseq2": base_min / min(seconds),
                 "identical_to_fairseq2": sum(
                     a == c for a, c in zip(rs[-1][b]["tokens"], base, strict=True)
@@ -395,32 +484,32 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     results, n = summary["results"], len(job["sources"])
+    steal = any(round(r["steal_seconds"], 2) for rows in results.values() for r in rows.values())
     head = (
         f"Beam 5 on {n} test verses, {args.threads} threads, {cpu_name()}; each engine in a "
         f"fresh process, {args.repeats} repeat(s) in rotated order; speed: fairseq2's minimum "
-        f"over the engine's (BLEU: {summary['bleu_signature']}). Other CPU: seconds other "
-        "processes used during the timed calls (median). `+bf16`: specbeam with a bf16 "
-        "target, not exact to fp32 beam."
+        f"over the engine's (BLEU: {summary['bleu_signature']}). Other CPU: seconds every "
+        "other process used during the timed calls (median; /proc/[pid]/stat)"
+        + (", steal: seconds the host kept this machine's vCPUs waiting (median)" * steal)
+        + ". `+bfloat16`, `+int8`: specbeam with the target's linear layers in that "
+        "precision, exact to specbeam's own plain beam search on that quantized target, not "
+        "to fp32 beam: their 'identical to fairseq2' counts what the precision changes."
     )
-    lines = [
-        head,
-        "",
-        "| batching | engine | min s | median s | other CPU s | speed vs fairseq2 | identical to fairseq2 | BLEU |",
-        "|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    cells = ["batching", "engine", "min s", "median s", "other CPU s", *["steal s"] * steal]
+    cells += ["speed vs fairseq2", "identical to fairseq2", "BLEU"]
+    lines = [head, "", "| " + " | ".join(cells) + " |", "|---" * len(cells) + "|"]
     for b, rows in results.items():
         for name, r in rows.items():
-            lines.append(
-                f"| {b} | {name} | {r['min_seconds']:.2f} | {r['median_seconds']:.2f} | "
-                f"{r['others_cpu_seconds']:.2f} | {r['speedup_vs_fairseq2']:.2f}× | "
-                f"{r['identical_to_fairseq2']}/{n} | {r['bleu']:.2f} |"
-            )
+            row = [b, name, *(f"{r[k]:.2f}" for k in ("min_seconds", "median_seconds", "others_cpu_seconds"))]  # fmt: skip
+            row += [f"{r['steal_seconds']:.2f}"] * steal
+            row += [f"{r['speedup_vs_fairseq2']:.2f}×", f"{r['identical_to_fairseq2']}/{n}", f"{r['bleu']:.2f}"]  # fmt: skip
+            lines.append("| " + " | ".join(row) + " |")
     out.mkdir(parents=True, exist_ok=True)
     (out / "ct2.md").write_text("\n".join(lines) + "\n")
     meta = {"sentences": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_name()}
     (out / "ct2.json").write_text(json.dumps({**summary, **meta}, indent=1) + "\n")
     print("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
     names = list(next(iter(results.values())))
     width = 0.8 / len(names)
     for j, name in enumerate(names):
@@ -432,7 +521,7 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], list(results))
     ax.set_ylabel("speed vs fairseq2 beam search")
     ax.set_title(f"Beam 5, {n} test verses, {args.threads} threads, {meta['cpu']}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     fig.savefig(out / "ct2.png", dpi=120)
 
