@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
 from specbeam.search import quant
-from specbeam.search.runtime import Runtime
+from specbeam.search.runtime import Runtime, cpu_info
 
 
 class _PerTensor:
@@ -89,13 +89,8 @@ def bf16_native() -> bool:
 
 
 def cpu_flags(prefixes: tuple[str, ...] = ("avx512", "amx", "avx_vnni")) -> list[str]:
-    """The CPU's flags that decide how fast reduced precisions run (/proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            line = next((x for x in info if x.startswith("flags")), "")
-    except OSError:
-        return []
-    return sorted({f for f in line.split(":")[-1].split() if f.startswith(prefixes)})
+    """The CPU's flags that decide how fast reduced precisions run."""
+    return sorted({f for f in cpu_info("flags").split() if f.startswith(prefixes)})
 
 
 def _runs(weight: Tensor) -> bool:

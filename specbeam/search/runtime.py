@@ -82,20 +82,22 @@ class SpareBuffers:
             self._free.pop()
 
 
+def cpu_info(field: str) -> str:
+    """A field of the first CPU in /proc/cpuinfo (`vendor_id`, `flags`); empty where
+    there is none."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            line = next((x for x in info if x.split(":")[0].strip() == field), "")
+    except OSError:
+        return ""
+    return line.partition(":")[2].strip()
+
+
 @functools.cache
 def default_min_rows() -> int:
     """Rows from which fp32 products run on oneDNN where `onednn_min_rows` is not set: 8
     on Intel CPUs (MKL's own small-GEMM kernels win below), 1 elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            intel = any(
-                line.split(":")[-1].strip() == "GenuineIntel"
-                for line in info
-                if line.startswith("vendor_id")
-            )
-    except OSError:
-        intel = False
-    return 8 if intel else 1
+    return 8 if cpu_info("vendor_id") == "GenuineIntel" else 1
 
 
 @final
