@@ -94,17 +94,18 @@ class HardwareConfig(MachineSettings):
         """The pair on this machine's device, the target's products in their precision
         (the draft's was chosen at loading)."""
         pair.target.to(device=self.device)
-        if self.target_dtype == "bfloat16" and self.target_precision == "float32":
+        precision = self.target_precision
+        if self.target_dtype == "bfloat16" and precision == "float32":
             log.warning(
                 "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: %s), "
                 "so the target runs float32",
                 " ".join(onednn.cpu_flags()) or "no AVX-512 or AMX",
             )
-        if self.target_precision != "float32":
+        if precision != "float32":
             if self.device != "cpu":
                 raise ValueError(f"hardware.target_dtype={self.target_dtype} runs on the CPU only")
             try:
-                quant.quantize(pair.target, self.target_precision)
+                quant.quantize(pair.target, precision)
             except ValueError as error:
                 raise ValueError(
                     f"hardware.target_dtype={self.target_dtype} cannot run this target: {error}"
