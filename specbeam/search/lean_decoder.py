@@ -28,7 +28,7 @@ from fairseq2.nn import Linear, StandardLayerNorm
 from torch import Tensor
 from torch.nn.functional import layer_norm, scaled_dot_product_attention
 
-from specbeam.search import native, quant
+from specbeam.search import attention, native
 from specbeam.search.onednn import linear, linears
 
 
@@ -76,16 +76,15 @@ def _heads(x: Tensor, head_dim: int) -> Tensor:
     return x.unflatten(-1, (-1, head_dim))  # (S, T, H, D)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, wide: bool = False) -> Tensor:
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, ordered: bool = False) -> Tensor:
     """q (S, T, H, D), k and v (S, K, H, D), bias (S, 1, T, K) or None -> (S, T, H·D).
-    `wide`: in fp64, rounded back (`quant.WideSDPA` says why)."""
-    if wide:
-        q, k, v = q.double(), k.double(), v.double()
-        bias = None if bias is None else bias.double()
+    `ordered`: each query alone (`specbeam.search.attention`)."""
+    if ordered:
+        return attention.attend(q, k, v, bias)
     out = scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
     )
-    return out.to(torch.float32 if wide else out.dtype).transpose(1, 2).flatten(2)
+    return out.transpose(1, 2).flatten(2)
 
 
 MIN_PADDING = 0.1
@@ -148,17 +147,17 @@ def decoder_layer(
     keys and values (S, K, H, D). Inference appends the new keys to its cache; training a
     head attends across unrolled drafting steps: `keys_with` says which."""
     attn = layer.self_attn
-    wide = quant.attends_wide(attn)
+    ordered = attention.attends_in_order(attn)
     h = _norm(x, layer.self_attn_layer_norm)
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
     q, k, v = (_heads(_unpacked(t, packing), attn.head_dim) for t in linears(h, *_params(projs)))
-    out = _packed(_attend(q, *keys_with(k, v), self_bias, wide), packing)
+    out = _packed(_attend(q, *keys_with(k, v), self_bias, ordered), packing)
     x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
     attn = layer.encoder_decoder_attn
     h = _norm(x, layer.encoder_decoder_attn_layer_norm)
     q = linear(h, attn.q_proj.weight, attn.q_proj.bias)
     out = _packed(
-        _attend(_heads(_unpacked(q, packing), attn.head_dim), *cross, cross_bias, wide), packing
+        _attend(_heads(_unpacked(q, packing), attn.head_dim), *cross, cross_bias, ordered), packing
     )
     x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
     return feed_forward(layer, x)

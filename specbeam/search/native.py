@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # the cache calls this module
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / f"{name}.cpp" for name in ("module", "lean_layers", "accept")]
+SOURCES = [CSRC / f"{name}.cpp" for name in ("module", "lean_layers", "attention", "accept")]
 HEADERS = [CSRC / "native.h"]
 
 

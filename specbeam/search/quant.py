@@ -12,26 +12,21 @@ does, so a product's result for a row must not depend on the rows beside it:
   residuals stay fp32 (oneDNN's packed bf16 product, whose rows do not share a sum).
 
 Rounding to 8 bits is not continuous: an input one fp32 ulp away from a rounding
-boundary lands on the other side, and a quantum is ~1e5 ulps. Attention sums over a
-different set and order of keys in a verification (tree slots beside the cached prefix)
-than in a plain step, so in fp32 its outputs differ in the last bits, and rounded they
-differ by whole quanta. So a
-quantized model attends in fp64 (`WideSDPA`), rounded back to fp32: the same fp32 result
-unless the fp64 one lies within ~1e-16 of an fp32 boundary.
+boundary lands on the other side. So the attention between the products must not depend
+on a row's company either (`specbeam.search.attention`).
 
 The model keeps its fp32 weights; `quantize` marks them and swaps its fairseq2 linear
-modules for ones that run the same products (and wraps its attention), so fairseq2's own
-generators on the module, the lean decoders and the native layers
+modules for ones that run the same products (and its attention's SDPA), so fairseq2's
+own generators on the module, the lean decoders and the native layers
 (`specbeam.search.onednn.resolve`) compute the same numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, final
+from typing import Any
 
 import torch
-from fairseq2.models.transformer import SDPA, StandardMultiheadAttention
 from fairseq2.nn import ColumnShardedLinear, Linear, RowShardedLinear, TiedProjection
 from torch import Tensor
 from torch.nn import Module
@@ -176,51 +171,10 @@ def _swappable(module: Module) -> bool:
     return False
 
 
-@final
-class WideSDPA(SDPA):
-    """Another SDPA run in fp64, its output rounded back to fp32."""
-
-    def __init__(self, inner: SDPA) -> None:
-        super().__init__()
-        self.inner = inner
-
-    @property
-    def scale(self) -> float | None:  # read by `lean_decoder.attention_problem`
-        return getattr(self.inner, "scale", None)
-
-    def forward(
-        self,
-        q: Tensor,
-        q_layout: Any,
-        k: Tensor,
-        k_layout: Any,
-        v: Tensor,
-        bias_cache: Any,
-        *,
-        needs_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:  # type: ignore[override]  # noqa: E501
-        out, weights = self.inner(
-            q.double(), q_layout, k.double(), k_layout, v.double(), bias_cache,
-            needs_weights=needs_weights,
-        )  # fmt: skip
-        return out.to(q.dtype), weights
-
-
-def attends_wide(attn: Module) -> bool:
-    """Whether the lean and native layers run `attn` (an attention module) in fp64: its
-    products are quantized."""
-    return precision_of(attn.output_proj.weight) is not None
-
-
-def widened(sdpa: SDPA, like: SDPA) -> SDPA:
-    """`sdpa`, in fp64 where `like` is (a tree call's stand-in for a layer's SDPA)."""
-    return WideSDPA(sdpa) if isinstance(like, WideSDPA) else sdpa
-
-
 def quantize(model: Module, precision: str) -> Module:
     """Marks every fairseq2 linear layer of `model` (the final projection included) to
-    run in `precision`, and its attention to run in fp64; float32 leaves it as it is.
-    In place; the fp32 weights stay."""
+    run in `precision`, and its attention to run as `specbeam.search.attention` says;
+    float32 leaves it as it is. In place; the fp32 weights stay."""
     if precision == "float32":
         return model
     projections = [m for m in model.modules() if _swappable(m)]
@@ -229,9 +183,12 @@ def quantize(model: Module, precision: str) -> Module:
     odd = next((m.weight for m in projections if m.weight.dtype != torch.float32), None)
     if odd is not None:
         raise ValueError(f"its linear layers are {odd.dtype}: only float32 weights are quantized")
-    for module in model.modules():
-        if isinstance(module, StandardMultiheadAttention) and not isinstance(module.sdpa, WideSDPA):
-            module.sdpa = WideSDPA(module.sdpa)
+    from specbeam.search import attention  # which reads this module's marks
+
+    problem = attention.order_problem(model)
+    if problem is not None:
+        raise ValueError(problem)
+    attention.order(model)
     for module in projections:
         module.__class__ = quantized_class(type(module))
         mark(module.weight, precision)

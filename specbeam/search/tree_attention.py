@@ -34,7 +34,7 @@ from fairseq2.nn import (
 from torch import Tensor
 from typing_extensions import override
 
-from specbeam.search import native, quant
+from specbeam.search import attention, native
 from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
 from specbeam.search.head import DraftHead
 from specbeam.search.lean_decoder import (
@@ -159,7 +159,7 @@ class TreeDecoder:
         self.dtype = dtype = next(model.decoder.parameters()).dtype
         self.bias = TreeBias()
         self._tree_sdpas = [
-            quant.widened(TorchSDPA(self.bias), layer.self_attn.sdpa)
+            attention.ordered(TorchSDPA(self.bias), layer.self_attn.sdpa)
             for layer in model.decoder.layers
         ]
         if encoder_output is None:

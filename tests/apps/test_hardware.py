@@ -6,7 +6,7 @@ from fairseq2.nn import Projection
 
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import LoadedPair
-from specbeam.search import onednn, quant
+from specbeam.search import attention, onednn, quant
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -74,7 +74,7 @@ def test_a_target_that_cannot_be_quantized_is_a_one_line_error(tiny_target) -> N
         r"torch.bfloat16: only float32 weights are quantized$",
     ):
         HardwareConfig(target_dtype="int8").place(pair)
-    assert not any(isinstance(m, quant.WideSDPA) for m in half.modules())
+    assert not any(isinstance(m, attention.OrderedSDPA) for m in half.modules())
     no_layers = LoadedPair(tokenizer=None, target=torch.nn.Sequential(torch.nn.ReLU()), draft=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="it has no fairseq2 linear layers to quantize$"):
         HardwareConfig(target_dtype="int8").place(no_layers)

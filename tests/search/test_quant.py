@@ -158,8 +158,8 @@ def run_against_lean_plain(case: Case, target, draft, vocab_info):
 @pytest.mark.parametrize("seed", range(60))
 def test_equivalence_with_lean_plain_search(seed, quantized, tiny_draft, vocab_info) -> None:
     """Against specbeam's lean plain search on the quantized target: the products
-    compute rows alone and attention in fp64, so the roundings to int8 or bf16 are the
-    same, and scores differ by fp32 rounding only (SCORE_TOL)."""
+    compute rows alone and attention each query alone, so the roundings to int8 or bf16
+    are the same, and scores differ by fp32 rounding only (SCORE_TOL)."""
     result = run_against_lean_plain(Case.draw(seed), quantized[0], tiny_draft, vocab_info)
     if result is not None:
         assert_same(*result)

@@ -86,15 +86,11 @@ struct Packing {
   }
 };
 
-// lean_decoder._attend: q (S, T, H, D), k and v (S, K, H, D) -> (S, T, H·D); `wide`: in
-// fp64, rounded back.
+// lean_decoder._attend: q (S, T, H, D), k and v (S, K, H, D) -> (S, T, H·D); `ordered`:
+// each query alone, over its keys in order (quant.attention).
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const MaybeTensor& bias,
-              bool wide) {
-  if (wide) {
-    const auto d = at::kDouble;
-    MaybeTensor b = bias ? MaybeTensor(bias->to(d)) : MaybeTensor();
-    return attend(q.to(d), k.to(d), v.to(d), b, false).to(at::kFloat);
-  }
+              bool ordered) {
+  if (ordered) return ordered_attention(q, k, v, bias);
   Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                 v.transpose(1, 2), bias);
   return out.transpose(1, 2).flatten(2);
@@ -133,7 +129,7 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
       return product(in, n[i], *w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
     };
     const int64_t head_dim = n[9];
-    const bool wide = n[1] >= kBf16;  // quantised layers attend in fp64 (quant.WideSDPA)
+    const bool ordered = n[1] >= kBf16;  // quantised layers attend key by key (quant.attention)
     const Tensor &keys = *p[30], &values = *p[31], &cross_k = *p[32], &cross_v = *p[33];
 
     Tensor h = norm(x, p[0], p[1], e[0]);
@@ -144,11 +140,11 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
     keys.narrow(1, start, t).copy_(k);
     values.narrow(1, start, t).copy_(v);
     Tensor a = packing.pack(attend(q, keys.narrow(1, 0, start + t),
-                                   values.narrow(1, 0, start + t), self_bias, wide));
+                                   values.narrow(1, 0, start + t), self_bias, ordered));
     x = x + run(1, a);
     h = norm(x, p[2], p[3], e[1]);
     q = packing.unpack(run(2, h)).unflatten(-1, {-1, head_dim});
-    a = packing.pack(attend(q, cross_k, cross_v, cross_bias, wide));
+    a = packing.pack(attend(q, cross_k, cross_v, cross_bias, ordered));
     x = x + run(3, a);
     h = norm(x, p[4], p[5], e[2]);
     x = x + run(5, at::relu(run(4, h)));

@@ -1,9 +1,11 @@
-// The extension's Python bindings: the lean decoder's layers (lean_layers.cpp) and
-// acceptance's replay (accept.cpp).
+// The extension's Python bindings: the lean decoder's layers (lean_layers.cpp), the
+// quantized targets' attention (attention.cpp) and acceptance's replay (accept.cpp).
 #include "native.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "a pre-LN decoder's layers over one call's slots");
+  m.def("ordered_attention", &ordered_attention,
+        "attention summing each query's visible keys in key order, alone");
   m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
   m.def("accept", &accept, "acceptance (exact or relaxed) over a verified draft tree");
   m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;

@@ -1,5 +1,5 @@
-// The extension's functions, declared once: defined in lean_layers.cpp and accept.cpp,
-// bound in module.cpp.
+// The extension's functions, declared once: defined in lean_layers.cpp, attention.cpp and
+// accept.cpp, bound in module.cpp.
 #pragma once
 
 #include <torch/extension.h>
@@ -18,6 +18,8 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
                            int64_t num_layers, int64_t start, const Tensor& self_bias,
                            const MaybeTensor& cross_bias, const MaybeTensor& pack_index,
                            const std::vector<int64_t>& taps);
+Tensor ordered_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const MaybeTensor& bias);
 Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
                  c10::ScalarType dtype);
 std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,

@@ -1,0 +1,155 @@
+// Attention whose result for a query depends only on the keys it sees and their order:
+// each query sums over its visible keys one after another, in key order, skipping the
+// masked ones. A quantized target rounds attention's outputs to 8 bits in the next
+// product, so a verification (tree slots beside the cached prefix, other queries beside
+// it) must compute a query's attention bit for bit as a plain step does; a blocked
+// kernel's sums follow the keys' positions and the number of queries (specbeam/search/
+// quant.py). Skipping the masked keys also skips the other hypotheses' prefixes that
+// the cache interleaves with a query's own (specbeam/search/cache.py).
+#include "native.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+constexpr float kMasked = -std::numeric_limits<float>::infinity();
+constexpr int64_t kLanes = 16, kMaxChunks = 8;  // head dims up to 128 in vector registers
+
+// Helpers are inlined into each clone of `attend_queries` below: called across clones, a
+// 64-byte vector would pass in AVX-512 registers on one side and in memory on the other.
+#define INLINE [[gnu::always_inline]] inline
+
+INLINE v16f load(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+INLINE void store(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
+
+// The 16 lanes summed in a fixed tree.
+INLINE float sum(v16f a) {
+  v8f b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+          __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4f c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+// Cephes' expf on 16 lanes (x <= 0 here): each lane's result depends on its own input.
+INLINE v16f exp16(v16f x) {
+  const v16f floor_x = x - x - 87.0f;
+  x = x < floor_x ? floor_x : x;
+  const v16f fx = x * 1.44269504088896341f + 0.5f;
+  v16i n = __builtin_convertvector(fx, v16i);
+  n += __builtin_convertvector(n, v16f) > fx;  // truncated towards zero: -1 more below it
+  const v16f nf = __builtin_convertvector(n, v16f);
+  x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
+  v16f y = x * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * x * x + x + 1.0f;
+  const v16i bits = (n + 127) << 23;
+  v16f scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+struct Problem {
+  const float *q, *k, *v, *bias;  // q (S, T, H, D), k and v (S, K, H, D), bias (S, T, K)
+  int64_t q_s, q_t, k_s, k_k, v_s, v_k, b_s, b_t;  // strides, in elements
+  int64_t t, keys, heads, dim;
+  float scale;
+  float* out;  // (S, T, H, D), contiguous
+};
+
+// Queries [begin, end) of the flattened (S, T). Compiled for AVX-512, AVX2 and the
+// baseline; the loader picks one per CPU, so every call on a machine runs the same code.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void attend_queries(const Problem& p, int64_t begin, int64_t end) {
+  const int64_t dim = p.dim, chunks = dim / kLanes, rest = chunks * kLanes;
+  std::vector<int64_t> seen(p.keys);
+  std::vector<float> bias(p.keys), weight(p.keys + kLanes);
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t s = r / p.t, t = r % p.t;
+    const float* row = p.bias ? p.bias + s * p.b_s + t * p.b_t : nullptr;
+    int64_t n = 0;
+    for (int64_t j = 0; j < p.keys; ++j) {
+      const float b = row ? row[j] : 0.0f;
+      if (b == kMasked) continue;
+      seen[n] = j;
+      bias[n++] = b;
+    }
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const float* q = p.q + s * p.q_s + t * p.q_t + h * dim;
+      float* o = p.out + (r * p.heads + h) * dim;
+      if (n == 0) {  // as torch's SDPA: a query that sees nothing reads zeros
+        std::fill(o, o + dim, 0.0f);
+        continue;
+      }
+      float top = kMasked;
+      for (int64_t i = 0; i < n; ++i) {
+        const float* k = p.k + s * p.k_s + seen[i] * p.k_k + h * dim;
+        v16f acc = {};
+        for (int64_t c = 0; c < chunks; ++c) acc += load(q + kLanes * c) * load(k + kLanes * c);
+        float dot = sum(acc);
+        for (int64_t d = rest; d < dim; ++d) dot += q[d] * k[d];
+        weight[i] = dot * p.scale + bias[i];
+        top = weight[i] > top ? weight[i] : top;
+      }
+      for (int64_t i = 0; i < n; i += kLanes) store(&weight[i], exp16(load(&weight[i]) - top));
+      float total = 0.0f;
+      v16f acc[kMaxChunks] = {};
+      float tail[kLanes] = {};
+      for (int64_t i = 0; i < n; ++i) {
+        const float w = weight[i];
+        const float* v = p.v + s * p.v_s + seen[i] * p.v_k + h * dim;
+        total += w;
+        for (int64_t c = 0; c < chunks; ++c) acc[c] += w * load(v + kLanes * c);
+        for (int64_t d = rest; d < dim; ++d) tail[d - rest] += w * v[d];
+      }
+      for (int64_t c = 0; c < chunks; ++c) store(o + kLanes * c, acc[c] / total);
+      for (int64_t d = rest; d < dim; ++d) o[d] = tail[d - rest] / total;
+    }
+  }
+}
+
+}  // namespace
+
+Tensor ordered_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const MaybeTensor& bias) {
+  const int64_t s = q.size(0), t = q.size(1), heads = q.size(2), dim = q.size(3);
+  const int64_t keys = k.size(1);
+  for (const Tensor* x : {&q, &k, &v}) {
+    TORCH_CHECK(x->scalar_type() == at::kFloat && x->dim() == 4, "fp32 (S, ·, H, D) expected");
+    TORCH_CHECK(x->stride(3) == 1 && x->stride(2) == dim, "heads must be contiguous");
+  }
+  TORCH_CHECK(dim < kLanes * (kMaxChunks + 1), "head dim ", dim, " above ", kLanes * (kMaxChunks + 1) - 1);
+  Tensor out = at::empty({s, t, heads, dim}, q.options());
+  Problem p{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), nullptr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), 0, 0,
+            t, keys, heads, dim, static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim))),
+            out.data_ptr<float>()};
+  Tensor b;
+  if (bias) {  // (T, K), (S, T, K) or (S, 1, T, K), each broadcastable
+    TORCH_CHECK(bias->scalar_type() == at::kFloat, "an fp32 additive mask expected");
+    b = bias->dim() == 4 ? bias->squeeze(1) : *bias;
+    b = b.expand({s, t, keys});
+    if (b.stride(2) != 1) b = b.contiguous();
+    p.bias = b.data_ptr<float>();
+    p.b_s = b.stride(0);
+    p.b_t = b.stride(1);
+  }
+  at::parallel_for(0, s * t, 1, [&](int64_t begin, int64_t end) { attend_queries(p, begin, end); });
+  return out.flatten(2);
+}
