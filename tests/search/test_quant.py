@@ -187,3 +187,23 @@ def test_equivalence_with_fairseq2_on_the_quantized_modules(
     result = run_both(Case.draw(seed), target, draft, vocab_info, lean_target=False)
     if result is not None:
         assert_same(*result)
+
+
+@torch.inference_mode()
+def test_a_sentence_translates_alike_alone_and_in_a_batch(quantized, tiny_draft, vocab_info):
+    """Products, norms and attention compute each row or query alone, so a source's
+    hypotheses and scores do not depend on the sources (and padding) beside it, bit for
+    bit: in plain and in speculative search."""
+    target = quantized[0]
+    srcs = sources(seed=77, batch=4)
+    options = dict(beam_size=3, gamma=2, max_gen_len=(2.0, 6), lean_target=True, plain="lean")
+    prompt = torch.tensor([3, 5])
+    for draft in (None, tiny_draft):
+        gen = SpeculativeBeamSearchSeq2SeqGenerator(target, draft, vocab_info, **options)
+        src, src_layout = pad(srcs, 0)
+        prompts, prompt_layout = pad([prompt] * len(srcs), 0)
+        together = gen(src, src_layout, prompts, prompt_layout).hypotheses
+        for src, want in zip(srcs, together, strict=True):
+            got = gen(*pad([src], 0), *pad([prompt], 0)).hypotheses[0]
+            assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want]
+            assert [float(h.score) for h in got] == [float(h.score) for h in want]
