@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.nn.functional import scaled_dot_product_attention
 
-from specbeam.search import native, quant
+from specbeam.search import native
 
 MAX_HEAD_DIM = 143
 """The widest head `csrc/attention.cpp` keeps in vector registers (eight 16-lane chunks
@@ -53,12 +53,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
         attn_mask=None if bias is None else bias.double(),
     )
     return out.float().transpose(1, 2).flatten(2)
-
-
-def attends_in_order(attn: Module) -> bool:
-    """Whether the lean and native layers run `attn` (an attention module) here: its
-    products are quantized."""
-    return quant.precision_of(attn.output_proj.weight) is not None
 
 
 @final

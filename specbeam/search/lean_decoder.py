@@ -28,7 +28,7 @@ from fairseq2.nn import Linear, StandardLayerNorm
 from torch import Tensor
 from torch.nn.functional import layer_norm, scaled_dot_product_attention
 
-from specbeam.search import attention, native
+from specbeam.search import attention, native, quant
 from specbeam.search.onednn import linear, linears
 
 
@@ -147,7 +147,7 @@ def decoder_layer(
     keys and values (S, K, H, D). Inference appends the new keys to its cache; training a
     head attends across unrolled drafting steps: `keys_with` says which."""
     attn = layer.self_attn
-    ordered = attention.attends_in_order(attn)
+    ordered = quant.attends_in_order(attn)
     h = _norm(x, layer.self_attn_layer_norm)
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
     q, k, v = (_heads(_unpacked(t, packing), attn.head_dim) for t in linears(h, *_params(projs)))

@@ -20,7 +20,7 @@ from fairseq2.nn import StandardLayerNorm
 from fairseq2.nn.residual import AdditiveResidualConnect
 from torch import Tensor
 
-from specbeam.search import attention
+from specbeam.search import quant
 from specbeam.search.lean_decoder import (
     _attend,
     _heads,
@@ -70,7 +70,7 @@ def encode(encoder: StandardTransformerEncoder, x: Tensor, seq_lens: list[int]) 
         h = _norm(x, layer.self_attn_layer_norm)
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         q, k, v = (_heads(t, attn.head_dim) for t in linears(h, *_params(projs)))
-        out = _attend(q, k, v, bias, attention.attends_in_order(attn))
+        out = _attend(q, k, v, bias, quant.attends_in_order(attn))
         x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
         x = feed_forward(layer, x)
     assert isinstance(encoder.layer_norm, StandardLayerNorm)

@@ -36,7 +36,7 @@ from fairseq2.models.transformer import StandardTransformerDecoderLayer, Transfo
 from fairseq2.nn import StandardLayerNorm
 from torch import Tensor
 
-from specbeam.search import onednn
+from specbeam.search import onednn, quant
 from specbeam.search.runtime import Runtime
 
 if TYPE_CHECKING:  # the cache calls this module
@@ -118,6 +118,7 @@ class _Layer:
     qkv: tuple[list[Tensor], list[Tensor | None]]
     others: list[tuple[Tensor, Tensor | None]]  # self output, cross q, cross output, ffn
     head_dim: int
+    ordered: bool  # attends through specbeam.search.attention
 
     @staticmethod
     def of(layer: StandardTransformerDecoderLayer) -> _Layer:
@@ -139,6 +140,7 @@ class _Layer:
                 )
             ],  # fmt: skip
             head_dim=attn.head_dim,
+            ordered=quant.attends_in_order(attn),
         )
 
 
@@ -210,7 +212,7 @@ class NativeLayers:
                 settled &= p.settled
             per_layer.append(tensors)
             ints += [p.kind for p in products]
-            ints += [*qkv.sizes, layer.head_dim]
+            ints += [*qkv.sizes, layer.head_dim, layer.ordered]
         resolved = _Resolved(per_layer, ints)
         if settled:
             self._resolved[key] = resolved

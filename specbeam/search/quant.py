@@ -171,6 +171,12 @@ def _swappable(module: Module) -> bool:
     return False
 
 
+def attends_in_order(attn: Module) -> bool:
+    """Whether `attn` (an attention module) attends through `specbeam.search.attention`,
+    in the lean and native layers: its products are quantized."""
+    return precision_of(attn.output_proj.weight) is not None
+
+
 def quantize(model: Module, precision: str) -> Module:
     """Marks every fairseq2 linear layer of `model` (the final projection included) to
     run in `precision`, and its attention to run as `specbeam.search.attention` says;
