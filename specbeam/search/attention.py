@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, final
 
+from fairseq2.error import NotSupportedError
 from fairseq2.models.transformer import SDPA, StandardMultiheadAttention, TorchSDPA
 from fairseq2.models.transformer.attention_bias import maybe_get_attention_bias_tensor
 from torch import Tensor
@@ -75,6 +76,8 @@ class OrderedSDPA(SDPA):
         *,
         needs_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:  # type: ignore[override]
+        if needs_weights:
+            raise NotSupportedError(f"`{OrderedSDPA}` does not support `needs_weights`.")
         bias = maybe_get_attention_bias_tensor(self.inner.bias, q, q_layout, k_layout, bias_cache)
         return attend(q, k, v, bias).unflatten(-1, (-1, q.size(-1))), None
 
