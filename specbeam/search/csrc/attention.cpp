@@ -4,7 +4,7 @@
 // product, so a verification (tree slots beside the cached prefix, other queries beside
 // it) must compute a query's attention bit for bit as a plain step does; a blocked
 // kernel's sums follow the keys' positions and the number of queries (specbeam/search/
-// quant.py). Skipping the masked keys also skips the other hypotheses' prefixes that
+// attention.py). Skipping the masked keys also skips the other hypotheses' prefixes that
 // the cache interleaves with a query's own (specbeam/search/cache.py).
 #include "native.h"
 
