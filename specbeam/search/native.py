@@ -50,14 +50,16 @@ HEADERS = [CSRC / "native.h"]
 
 
 NAME = "specbeam_native"
+FLAGS = ["-O2", "-ffp-contract=off"]
+"""No product fused with the add after it: the C++ rounds as ATen's op-by-op kernels do."""
 
 
 def build_dir() -> Path:
     """Where the extension is built: one directory per set of sources (headers included),
-    torch and Python version, so that a cached build is never stale."""
+    flags, torch and Python version, so that a cached build is never stale."""
     key = hashlib.sha256(
         b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-        + f"{torch.__version__} {sys.version}".encode()
+        + f"{torch.__version__} {sys.version} {FLAGS}".encode()
     ).hexdigest()[:16]
     root = os.environ.get("SPECBEAM_NATIVE_DIR") or Path.home() / ".cache" / "specbeam" / "native"
     return Path(root) / key
@@ -77,7 +79,7 @@ def build() -> ModuleType | None:
             where.mkdir(parents=True, exist_ok=True)
             log.info("building the native layers once (about a minute) in %s", where)
             return load(
-                NAME, [str(s) for s in SOURCES], extra_cflags=["-O2"], build_directory=str(where)
+                NAME, [str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(where)
             )
         loader = importlib.machinery.ExtensionFileLoader(NAME, str(built))
         spec = importlib.util.spec_from_file_location(NAME, built, loader=loader)

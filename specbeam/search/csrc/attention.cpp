@@ -73,9 +73,11 @@ struct Problem {
   float* out;  // (S, T, H, D), contiguous
 };
 
-// Queries [begin, end) of the flattened (S, T). Compiled for AVX-512, AVX2 and the
-// baseline; the loader picks one per CPU, so every call on a machine runs the same code.
+// Queries [begin, end) of the flattened (S, T). On x86-64 compiled for AVX-512, AVX2 and
+// the baseline; the loader picks one per CPU, so every call on a machine runs the same code.
+#if defined(__x86_64__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 void attend_queries(const Problem& p, int64_t begin, int64_t end) {
   const int64_t dim = p.dim, chunks = dim / kLanes, rest = chunks * kLanes;
   std::vector<int64_t> seen(p.keys);
