@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / f"{name}.cpp" for name in ("module", "lean_layers", "attention", "accept")]
-HEADERS = [CSRC / "native.h"]
+HEADERS = [CSRC / name for name in ("native.h", "vec.h")]
 
 
 NAME = "specbeam_native"

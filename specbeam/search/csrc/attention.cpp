@@ -7,34 +7,17 @@
 // attention.py). Skipping the masked keys also skips the other hypotheses' prefixes that
 // the cache interleaves with a query's own (specbeam/search/cache.py).
 #include "native.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 namespace {
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
 constexpr float kMasked = -std::numeric_limits<float>::infinity();
 constexpr int64_t kLanes = 16, kMaxChunks = 8;  // head dims up to 128 in vector registers
-
-// Helpers are inlined into each clone of `attend_queries` below: called across clones, a
-// 64-byte vector would pass in AVX-512 registers on one side and in memory on the other.
-#define INLINE [[gnu::always_inline]] inline
-
-INLINE v16f load(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-INLINE void store(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
 
 // The 16 lanes summed in a fixed tree.
 INLINE float sum(v16f a) {
@@ -73,12 +56,8 @@ struct Problem {
   float* out;  // (S, T, H, D), contiguous
 };
 
-// Queries [begin, end) of the flattened (S, T). On x86-64 compiled for AVX-512, AVX2 and
-// the baseline; the loader picks one per CPU, so every call on a machine runs the same code.
-#if defined(__x86_64__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void attend_queries(const Problem& p, int64_t begin, int64_t end) {
+// Queries [begin, end) of the flattened (S, T).
+CLONES void attend_queries(const Problem& p, int64_t begin, int64_t end) {
   const int64_t dim = p.dim, chunks = dim / kLanes, rest = chunks * kLanes;
   std::vector<int64_t> seen(p.keys);
   std::vector<float> bias(p.keys), weight(p.keys + kLanes);
@@ -103,13 +82,15 @@ void attend_queries(const Problem& p, int64_t begin, int64_t end) {
       for (int64_t i = 0; i < n; ++i) {
         const float* k = p.k + s * p.k_s + seen[i] * p.k_k + h * dim;
         v16f acc = {};
-        for (int64_t c = 0; c < chunks; ++c) acc += load(q + kLanes * c) * load(k + kLanes * c);
+        for (int64_t c = 0; c < chunks; ++c)
+          acc += load<v16f>(q + kLanes * c) * load<v16f>(k + kLanes * c);
         float dot = sum(acc);
         for (int64_t d = rest; d < dim; ++d) dot += q[d] * k[d];
         weight[i] = dot * p.scale + bias[i];
         top = weight[i] > top ? weight[i] : top;
       }
-      for (int64_t i = 0; i < n; i += kLanes) store(&weight[i], exp16(load(&weight[i]) - top));
+      for (int64_t i = 0; i < n; i += kLanes)
+        store(&weight[i], exp16(load<v16f>(&weight[i]) - top));
       float total = 0.0f;
       v16f acc[kMaxChunks] = {};
       float tail[kLanes] = {};
@@ -117,7 +98,7 @@ void attend_queries(const Problem& p, int64_t begin, int64_t end) {
         const float w = weight[i];
         const float* v = p.v + s * p.v_s + seen[i] * p.v_k + h * dim;
         total += w;
-        for (int64_t c = 0; c < chunks; ++c) acc[c] += w * load(v + kLanes * c);
+        for (int64_t c = 0; c < chunks; ++c) acc[c] += w * load<v16f>(v + kLanes * c);
         for (int64_t d = rest; d < dim; ++d) tail[d - rest] += w * v[d];
       }
       for (int64_t c = 0; c < chunks; ++c) store(o + kLanes * c, acc[c] / total);
@@ -136,7 +117,8 @@ Tensor ordered_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     TORCH_CHECK(x->scalar_type() == at::kFloat && x->dim() == 4, "fp32 (S, ·, H, D) expected");
     TORCH_CHECK(x->stride(3) == 1 && x->stride(2) == dim, "heads must be contiguous");
   }
-  TORCH_CHECK(dim < kLanes * (kMaxChunks + 1), "head dim ", dim, " above ", kLanes * (kMaxChunks + 1) - 1);
+  const int64_t widest = kLanes * (kMaxChunks + 1) - 1;
+  TORCH_CHECK(dim <= widest, "head dim ", dim, " above ", widest);
   Tensor out = at::empty({s, t, heads, dim}, q.options());
   Problem p{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), nullptr,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), 0, 0,

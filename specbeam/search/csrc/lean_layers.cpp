@@ -4,13 +4,13 @@
 // streams the weights through the caches, and every small op after a product then pays
 // for an evicted interpreter (specbeam/search/native.py has the measurements).
 #include "native.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 
@@ -32,16 +32,6 @@ std::vector<int64_t> out_shape(const Tensor& x, int64_t width) {
   return shape;
 }
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-typedef int8_t v16c __attribute__((vector_size(16)));
-
-#if defined(__x86_64__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
-
 // quant.int8_product's torch ops as two passes over rows [begin, end), 16 lanes at a time:
 // the same IEEE operations in the same order per element, so the same bits (the extension
 // is built with -ffp-contract=off: no product fused with the add after it). Rounding adds
@@ -54,8 +44,7 @@ CLONES void quantise_rows(const float* in, int64_t width, float tiny, float* a, 
     const float* row = in + r * width;
     v16f lanes = {};
     for (int64_t j = 0; j < whole; j += 16) {
-      v16f x;
-      std::memcpy(&x, row + j, sizeof x);
+      v16f x = load<v16f>(row + j);
       x = x < 0 ? -x : x;
       lanes = x > lanes ? x : lanes;
     }
@@ -66,11 +55,9 @@ CLONES void quantise_rows(const float* in, int64_t width, float tiny, float* a, 
     a[r] = scale;
     int8_t* q = out + r * width;
     for (int64_t j = 0; j < whole; j += 16) {
-      v16f x;
-      std::memcpy(&x, row + j, sizeof x);
-      const v16c c = __builtin_convertvector(
-          __builtin_convertvector((x / scale + kRound) - kRound, v16i), v16c);
-      std::memcpy(q + j, &c, sizeof c);
+      const v16f x = load<v16f>(row + j);
+      store(q + j, __builtin_convertvector(
+                       __builtin_convertvector((x / scale + kRound) - kRound, v16i), v16c));
     }
     for (int64_t j = whole; j < width; ++j)
       q[j] = static_cast<int8_t>((row[j] / scale + kRound) - kRound);
@@ -84,17 +71,9 @@ CLONES void scale_rows(const int32_t* sums, const float* scales, const float* a,
     const int32_t* row = sums + r * outs;
     float* o = out + r * outs;
     for (int64_t c = 0; c < whole; c += 16) {
-      v16i n;
-      v16f s, y;
-      std::memcpy(&n, row + c, sizeof n);
-      std::memcpy(&s, scales + c, sizeof s);
-      y = __builtin_convertvector(n, v16f) * s * a[r];
-      if (bias) {
-        v16f b;
-        std::memcpy(&b, bias + c, sizeof b);
-        y = y + b;
-      }
-      std::memcpy(o + c, &y, sizeof y);
+      v16f y = __builtin_convertvector(load<v16i>(row + c), v16f) * load<v16f>(scales + c) * a[r];
+      if (bias) y = y + load<v16f>(bias + c);
+      store(o + c, y);
     }
     for (int64_t c = whole; c < outs; ++c) {
       const float y = static_cast<float>(row[c]) * scales[c] * a[r];
