@@ -151,7 +151,7 @@ struct Packing {
 };
 
 // lean_decoder._attend: q (S, T, H, D), k and v (S, K, H, D) -> (S, T, H·D); `ordered`:
-// each query alone, over its keys in order (quant.attention).
+// each query alone, over its keys in order (attention.attend).
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const MaybeTensor& bias,
               bool ordered) {
   if (ordered) return ordered_attention(q, k, v, bias);
@@ -170,8 +170,8 @@ Tensor norm(const Tensor& x, const MaybeTensor& w, const MaybeTensor& b, double 
 // products (weight, bias, packed copy, int8 scales: q/k/v stacked, self output, cross q, cross output,
 // inner, output), then the cache's keys and values (S, keys, H, D), and the source's
 // cross keys and values (S, K, H, D). `ints` holds, per layer, the six products' kinds,
-// the q/k/v widths, the head dim and whether it attends in order (attention.py); `eps` the three norms' epsilons. Then the final
-// norm (weight, bias; eps last). Returns the final states, then the outputs of `taps`.
+// the q/k/v widths, the head dim and whether it attends in order (attention.py); `eps`
+// the three norms' epsilons. Then the final norm (weight, bias; eps last). Returns the final states, then the outputs of `taps`.
 extern const size_t kTensorsPerLayer = 6 + 24 + 4;
 extern const size_t kIntsPerLayer = 6 + 3 + 2;
 
@@ -193,7 +193,7 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
       return product(in, n[i], *w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
     };
     const int64_t head_dim = n[9];
-    const bool ordered = n[10] != 0;  // attention.attends_in_order
+    const bool ordered = n[10] != 0;  // quant.attends_in_order
     const Tensor &keys = *p[30], &values = *p[31], &cross_k = *p[32], &cross_v = *p[33];
 
     Tensor h = norm(x, p[0], p[1], e[0]);
