@@ -50,8 +50,10 @@ HEADERS = [CSRC / name for name in ("native.h", "vec.h")]
 
 
 NAME = "specbeam_native"
-FLAGS = ["-O2", "-ffp-contract=off"]
-"""No product fused with the add after it: the C++ rounds as ATen's op-by-op kernels do."""
+FLAGS = ["-O2", "-ffp-contract=off", "-fopenmp"]
+"""No product fused with the add after it: the C++ rounds as ATen's op-by-op kernels do.
+OpenMP: ATen's `parallel_for` is a header whose loop runs on one thread unless the
+caller is compiled with it (it then shares torch's OpenMP runtime and thread count)."""
 
 
 def build_dir() -> Path:
@@ -79,7 +81,11 @@ def build() -> ModuleType | None:
             where.mkdir(parents=True, exist_ok=True)
             log.info("building the native layers once (about a minute) in %s", where)
             return load(
-                NAME, [str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(where)
+                NAME,
+                [str(s) for s in SOURCES],
+                extra_cflags=FLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(where),
             )
         loader = importlib.machinery.ExtensionFileLoader(NAME, str(built))
         spec = importlib.util.spec_from_file_location(NAME, built, loader=loader)
