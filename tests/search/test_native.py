@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +27,22 @@ def test_the_extension_builds_here() -> None:
     """CI's machine has a compiler (scripts/setup.sh installs g++): the other tests here
     would otherwise compare the Python path with itself."""
     assert native.build() is not None
+
+
+def test_its_loops_share_torchs_threads() -> None:
+    """ATen's `parallel_for` runs on one thread in code compiled without OpenMP; built with
+    it, the extension calls the OpenMP runtime torch loaded (by its soname; wheels such as
+    sentencepiece's bring runtimes of their own under other names), not a second one."""
+    symbols = subprocess.run(
+        ["nm", "-D", str(native.build_dir() / f"{native.NAME}.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "GOMP_parallel" in symbols
+    loaded = {line.split()[-1] for line in open("/proc/self/maps") if "/" in line}
+    runtimes = {path for path in loaded if path.endswith("/libgomp.so.1")}
+    assert runtimes == {str(Path(torch.__file__).parent / "lib" / "libgomp.so.1")}
 
 
 @pytest.mark.parametrize("min_rows", [1, 10_000], ids=["onednn", "mkl"])
