@@ -56,10 +56,64 @@ struct Problem {
   float* out;  // (S, T, H, D), contiguous
 };
 
+// A query's visible keys, in order.
+struct Seen {
+  const int64_t* key;  // n indices
+  const float* bias;   // theirs
+  int64_t n;
+};
+
+// One head of one query: C = the head dim's whole 16-lane chunks, known when compiled so
+// that the sums stay in registers; the dims past them are summed after, one at a time.
+template <int C>
+INLINE void attend_head(const Problem& p, const float* q, const float* k0, const float* v0,
+                        const Seen& seen, float* weight, float* o) {
+  const int64_t dim = p.dim, rest = C * kLanes;
+  v16f qv[C > 0 ? C : 1];
+  UNROLLED
+  for (int c = 0; c < C; ++c) qv[c] = load<v16f>(q + kLanes * c);
+  float top = kMasked;
+  for (int64_t i = 0; i < seen.n; ++i) {
+    const float* k = k0 + seen.key[i] * p.k_k;
+    v16f acc = {};
+    UNROLLED
+    for (int c = 0; c < C; ++c) acc += qv[c] * load<v16f>(k + kLanes * c);
+    float dot = sum(acc);
+    for (int64_t d = rest; d < dim; ++d) dot += q[d] * k[d];
+    weight[i] = dot * p.scale + seen.bias[i];
+    top = weight[i] > top ? weight[i] : top;
+  }
+  for (int64_t i = 0; i < seen.n; i += kLanes)
+    store(weight + i, exp16(load<v16f>(weight + i) - top));
+  float total = 0.0f;
+  v16f acc[C > 0 ? C : 1] = {};
+  float tail[kLanes] = {};
+  for (int64_t i = 0; i < seen.n; ++i) {
+    const float w = weight[i];
+    const float* v = v0 + seen.key[i] * p.v_k;
+    total += w;
+    UNROLLED
+    for (int c = 0; c < C; ++c) acc[c] += w * load<v16f>(v + kLanes * c);
+    for (int64_t d = rest; d < dim; ++d) tail[d - rest] += w * v[d];
+  }
+  UNROLLED
+  for (int c = 0; c < C; ++c) store(o + kLanes * c, acc[c] / total);
+  for (int64_t d = rest; d < dim; ++d) o[d] = tail[d - rest] / total;
+}
+
+template <int C>
+INLINE void attend_heads(const Problem& p, int64_t s, int64_t r, const float* q,
+                         const Seen& seen, float* weight) {
+  for (int64_t h = 0; h < p.heads; ++h) {
+    float* o = p.out + (r * p.heads + h) * p.dim;
+    attend_head<C>(p, q + h * p.dim, p.k + s * p.k_s + h * p.dim, p.v + s * p.v_s + h * p.dim,
+                   seen, weight, o);
+  }
+}
+
 // Queries [begin, end) of the flattened (S, T).
 CLONES void attend_queries(const Problem& p, int64_t begin, int64_t end) {
-  const int64_t dim = p.dim, chunks = dim / kLanes, rest = chunks * kLanes;
-  std::vector<int64_t> seen(p.keys);
+  std::vector<int64_t> key(p.keys);
   std::vector<float> bias(p.keys), weight(p.keys + kLanes);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t s = r / p.t, t = r % p.t;
@@ -68,41 +122,25 @@ CLONES void attend_queries(const Problem& p, int64_t begin, int64_t end) {
     for (int64_t j = 0; j < p.keys; ++j) {
       const float b = row ? row[j] : 0.0f;
       if (b == kMasked) continue;
-      seen[n] = j;
+      key[n] = j;
       bias[n++] = b;
     }
-    for (int64_t h = 0; h < p.heads; ++h) {
-      const float* q = p.q + s * p.q_s + t * p.q_t + h * dim;
-      float* o = p.out + (r * p.heads + h) * dim;
-      if (n == 0) {  // as torch's SDPA: a query that sees nothing reads zeros
-        std::fill(o, o + dim, 0.0f);
-        continue;
-      }
-      float top = kMasked;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* k = p.k + s * p.k_s + seen[i] * p.k_k + h * dim;
-        v16f acc = {};
-        for (int64_t c = 0; c < chunks; ++c)
-          acc += load<v16f>(q + kLanes * c) * load<v16f>(k + kLanes * c);
-        float dot = sum(acc);
-        for (int64_t d = rest; d < dim; ++d) dot += q[d] * k[d];
-        weight[i] = dot * p.scale + bias[i];
-        top = weight[i] > top ? weight[i] : top;
-      }
-      for (int64_t i = 0; i < n; i += kLanes)
-        store(&weight[i], exp16(load<v16f>(&weight[i]) - top));
-      float total = 0.0f;
-      v16f acc[kMaxChunks] = {};
-      float tail[kLanes] = {};
-      for (int64_t i = 0; i < n; ++i) {
-        const float w = weight[i];
-        const float* v = p.v + s * p.v_s + seen[i] * p.v_k + h * dim;
-        total += w;
-        for (int64_t c = 0; c < chunks; ++c) acc[c] += w * load<v16f>(v + kLanes * c);
-        for (int64_t d = rest; d < dim; ++d) tail[d - rest] += w * v[d];
-      }
-      for (int64_t c = 0; c < chunks; ++c) store(o + kLanes * c, acc[c] / total);
-      for (int64_t d = rest; d < dim; ++d) o[d] = tail[d - rest] / total;
+    if (n == 0) {  // as torch's SDPA: a query that sees nothing reads zeros
+      std::fill(p.out + r * p.heads * p.dim, p.out + (r + 1) * p.heads * p.dim, 0.0f);
+      continue;
+    }
+    const Seen seen{key.data(), bias.data(), n};
+    const float* q = p.q + s * p.q_s + t * p.q_t;
+    switch (p.dim / kLanes) {
+      case 0: attend_heads<0>(p, s, r, q, seen, weight.data()); break;
+      case 1: attend_heads<1>(p, s, r, q, seen, weight.data()); break;
+      case 2: attend_heads<2>(p, s, r, q, seen, weight.data()); break;
+      case 3: attend_heads<3>(p, s, r, q, seen, weight.data()); break;
+      case 4: attend_heads<4>(p, s, r, q, seen, weight.data()); break;
+      case 5: attend_heads<5>(p, s, r, q, seen, weight.data()); break;
+      case 6: attend_heads<6>(p, s, r, q, seen, weight.data()); break;
+      case 7: attend_heads<7>(p, s, r, q, seen, weight.data()); break;
+      default: attend_heads<kMaxChunks>(p, s, r, q, seen, weight.data()); break;
     }
   }
 }

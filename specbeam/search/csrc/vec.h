@@ -23,6 +23,10 @@ typedef int8_t v16c __attribute__((vector_size(16)));
 // vector would pass in AVX-512 registers on one side and in memory on the other.
 #define INLINE [[gnu::always_inline]] inline
 
+// A loop over a few vectors, unrolled so that they stay in registers (GCC keeps an array
+// indexed in a loop it does not unroll in memory).
+#define UNROLLED _Pragma("GCC unroll 16")
+
 template <typename V, typename T>
 INLINE V load(const T* p) {
   V v;
