@@ -39,11 +39,12 @@ def test_the_kernel_is_built_here() -> None:
     assert native.build() is not None
 
 
-@pytest.mark.parametrize("dim", [8, 16, 64, 72])
+@pytest.mark.parametrize("dim", [8, 16, 40, 48, 64, 72, 80, 96, 120, 128, 136])
 @torch.inference_mode()
 def test_softmax_attention_within_fp32_rounding(dim) -> None:
-    """Head dims below one 16-lane chunk, of whole chunks and with a tail; no mask, a
-    random mask, and keys read through a strided view (the cache's)."""
+    """Head dims below one 16-lane chunk, of whole chunks and with a tail (the kernel is
+    compiled once per chunk count); no mask, a random mask, and keys read through a
+    strided view (the cache's)."""
     q, k, v = _qkv(2, 5, 40, dim)
     visible = torch.rand(2, 5, 30, generator=torch.Generator().manual_seed(1)) < 0.6
     visible[..., 0] = True
