@@ -17,7 +17,7 @@
 namespace {
 
 constexpr float kMasked = -std::numeric_limits<float>::infinity();
-constexpr int64_t kLanes = 16, kMaxChunks = 8;  // head dims up to 128 in vector registers
+constexpr int64_t kMaxChunks = 8;  // head dims up to 128 in vector registers
 
 // The 16 lanes summed in a fixed tree.
 INLINE float sum(v16f a) {

@@ -39,22 +39,22 @@ std::vector<int64_t> out_shape(const Tensor& x, int64_t width) {
 CLONES void quantise_rows(const float* in, int64_t width, float tiny, float* a, int8_t* out,
                           int64_t begin, int64_t end) {
   constexpr float kRound = 12582912.0f;
-  const int64_t whole = width / 16 * 16;
+  const int64_t whole = width / kLanes * kLanes;
   for (int64_t r = begin; r < end; ++r) {
     const float* row = in + r * width;
     v16f lanes = {};
-    for (int64_t j = 0; j < whole; j += 16) {
+    for (int64_t j = 0; j < whole; j += kLanes) {
       v16f x = load<v16f>(row + j);
       x = x < 0 ? -x : x;
       lanes = x > lanes ? x : lanes;
     }
     float top = 0.0f;  // a maximum: exact in any order
-    for (int i = 0; i < 16; ++i) top = std::max(top, lanes[i]);
+    for (int i = 0; i < kLanes; ++i) top = std::max(top, lanes[i]);
     for (int64_t j = whole; j < width; ++j) top = std::max(top, std::fabs(row[j]));
     const float scale = std::max(top, tiny) / 127.0f;
     a[r] = scale;
     int8_t* q = out + r * width;
-    for (int64_t j = 0; j < whole; j += 16) {
+    for (int64_t j = 0; j < whole; j += kLanes) {
       const v16f x = load<v16f>(row + j);
       store(q + j, __builtin_convertvector(
                        __builtin_convertvector((x / scale + kRound) - kRound, v16i), v16c));
@@ -66,11 +66,11 @@ CLONES void quantise_rows(const float* in, int64_t width, float tiny, float* a, 
 
 CLONES void scale_rows(const int32_t* sums, const float* scales, const float* a, const float* bias,
                        int64_t outs, float* out, int64_t begin, int64_t end) {
-  const int64_t whole = outs / 16 * 16;
+  const int64_t whole = outs / kLanes * kLanes;
   for (int64_t r = begin; r < end; ++r) {
     const int32_t* row = sums + r * outs;
     float* o = out + r * outs;
-    for (int64_t c = 0; c < whole; c += 16) {
+    for (int64_t c = 0; c < whole; c += kLanes) {
       v16f y = __builtin_convertvector(load<v16i>(row + c), v16f) * load<v16f>(scales + c) * a[r];
       if (bias) y = y + load<v16f>(bias + c);
       store(o + c, y);
@@ -167,11 +167,12 @@ Tensor norm(const Tensor& x, const MaybeTensor& w, const MaybeTensor& b, double 
 }  // namespace
 
 // Per layer, `tensors` holds kTensorsPerLayer entries: three norms (weight, bias), six
-// products (weight, bias, packed copy, int8 scales: q/k/v stacked, self output, cross q, cross output,
-// inner, output), then the cache's keys and values (S, keys, H, D), and the source's
-// cross keys and values (S, K, H, D). `ints` holds, per layer, the six products' kinds,
-// the q/k/v widths, the head dim and whether it attends in order (attention.py); `eps`
-// the three norms' epsilons. Then the final norm (weight, bias; eps last). Returns the final states, then the outputs of `taps`.
+// products (weight, bias, packed copy, int8 scales: q/k/v stacked, self output, cross q,
+// cross output, inner, output), then the cache's keys and values (S, keys, H, D), and the
+// source's cross keys and values (S, K, H, D). `ints` holds, per layer, the six products'
+// kinds, the q/k/v widths, the head dim and whether it attends in order (attention.py);
+// `eps` the three norms' epsilons. Then the final norm (weight, bias; eps last). Returns
+// the final states, then the outputs of `taps`.
 extern const size_t kTensorsPerLayer = 6 + 24 + 4;
 extern const size_t kIntsPerLayer = 6 + 3 + 2;
 

@@ -13,6 +13,8 @@ typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 typedef int8_t v16c __attribute__((vector_size(16)));
 
+constexpr int64_t kLanes = 16;  // of the v16 types
+
 #if defined(__x86_64__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
