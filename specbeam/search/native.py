@@ -54,6 +54,7 @@ FLAGS = ["-O2", "-ffp-contract=off", "-fopenmp"]
 """No product fused with the add after it: the C++ rounds as ATen's op-by-op kernels do.
 OpenMP: ATen's `parallel_for` is a header whose loop runs on one thread unless the
 caller is compiled with it (it then shares torch's OpenMP runtime and thread count)."""
+LINK_FLAGS = ["-fopenmp"]
 
 
 def build_dir() -> Path:
@@ -61,7 +62,7 @@ def build_dir() -> Path:
     flags, torch and Python version, so that a cached build is never stale."""
     key = hashlib.sha256(
         b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-        + f"{torch.__version__} {sys.version} {FLAGS}".encode()
+        + f"{torch.__version__} {sys.version} {FLAGS} {LINK_FLAGS}".encode()
     ).hexdigest()[:16]
     root = os.environ.get("SPECBEAM_NATIVE_DIR") or Path.home() / ".cache" / "specbeam" / "native"
     return Path(root) / key
@@ -84,7 +85,7 @@ def build() -> ModuleType | None:
                 NAME,
                 [str(s) for s in SOURCES],
                 extra_cflags=FLAGS,
-                extra_ldflags=["-fopenmp"],
+                extra_ldflags=LINK_FLAGS,
                 build_directory=str(where),
             )
         loader = importlib.machinery.ExtensionFileLoader(NAME, str(built))
