@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for specbeam: Debian libraries, .venv, editable install.
 #     scripts/setup.sh        # PYTHON=python3.12 scripts/setup.sh picks the new .venv's Python
-# (An install elsewhere needs only libsndfile1 and `pip install .`: README, Install.)
+# (An install elsewhere needs libsndfile1, g++ and `pip install .`: docs/usage.md, Installing.)
 # Running it again when nothing changed takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
