@@ -95,3 +95,7 @@ def test_installed_wheel_translates_from_another_directory(tmp_path) -> None:
         "In the beginning God created the heaven and earth.",
         "And Elimelech died, the husband of Not, and she abode with her two sons:",
     ]
+    # The shards' merge (docs/usage.md, "Shards") is in the wheel too: one shard of one.
+    merge = [python, "-m", "specbeam.merge_shards", "--input", "in.es", "--output", "joined.en", "out.en"]  # fmt: skip
+    run(merge, cwd=work, env=env)
+    assert (work / "joined.en").read_bytes() == (work / "out.en").read_bytes()

@@ -12,6 +12,8 @@ from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.nn import BatchLayout
 from torch import Tensor
 
+from specbeam.plural import counted
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -64,7 +66,7 @@ def read_parallel_files(source: Path, target: Path, split: str) -> list[Pair]:
     targets = target.read_text(encoding="utf-8").splitlines()
     if len(sources) != len(targets):
         raise ValueError(
-            f"{source} has {len(sources)} lines but {target} has {len(targets)}: "
+            f"{source} has {counted(len(sources), 'line')} but {target} has {len(targets)}: "
             "parallel files pair line by line"
         )
     return [

@@ -5,9 +5,9 @@
     python -m specbeam.evaluate 'methods=[beam,"spec_beam:gamma=6;draft_width=8"]'
 
 Each method's exact match and speedup are against the first plain (non-speculative)
-method of the same beam size, run in the same process on the same batches. Writes a Markdown table to
-stdout and `results.json`, `results.csv` and PNG plots to the output directory (Hydra's
-run directory unless `output_dir` is set).
+method of the same beam size, run in the same process on the same batches. Writes a Markdown
+table (`results.md`, also printed), `results.json`, `results.csv` and PNG plots to the output
+directory (Hydra's run directory unless `output_dir` is set).
 """
 
 from __future__ import annotations
@@ -196,8 +196,12 @@ def evaluate(cfg: EvaluateConfig) -> None:
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, out)
-    print(markdown(rows))
-    print(f"\nBLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}\nresults: {out}")
+    table = (
+        f"{markdown(rows)}\n\nBLEU: {rows[0]['bleu_signature']}\n"
+        f"chrF: {rows[0]['chrf_signature']}\n"
+    )
+    (out / "results.md").write_text(table, encoding="utf-8")
+    print(f"{table}results: {out}")
 
 
 @hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="evaluate")

@@ -2,10 +2,12 @@
 
     python -m specbeam.cards OUT.yaml NAME=CHECKPOINT [NAME=CHECKPOINT ...] \\
         [--tokenizer SPM_MODEL --langs spa_Latn,eng_Latn --default-lang eng_Latn
-         | --tokenizer-of CARD]
+         | --tokenizer-of CARD] [--replace]
 
 Paths in the cards are relative to the card file, so a card directory moves with its
-checkpoints. A draft trained over its target's encoder (`shallow_over`) has no encoder
+checkpoints. Cards written into an existing file are added to it (a fairseq2 card file
+holds several YAML documents); a card of a name the file already has replaces it only
+with `--replace`. A draft trained over its target's encoder (`shallow_over`) has no encoder
 of its own, so no fairseq2 family can build it alone: its card's family is
 `specbeam_shallow_draft`, and specbeam's extension builds it over the recipe's model when
 a generator names it as `draft_model`; a draft head (`specbeam_draft_head`) likewise.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,11 +33,12 @@ from specbeam.integration.hub import (
     load_card_tokenizer,
 )
 from specbeam.integration.models import ModelArch, build_model, save_head, save_model
+from specbeam.plural import counted
 from specbeam.search.head import HEAD_KIND, DraftHead, HeadArch
 
 
 def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]:
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(checkpoint)
     if ckpt.get("kind") == HEAD_KIND:
         family, config = DRAFT_HEAD_FAMILY, ckpt["arch"]
     elif ckpt.get("shares_encoder", False):
@@ -47,6 +51,23 @@ def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]
         "model_config": _plain(config),
         "checkpoint": os.path.relpath(checkpoint.resolve(), card_dir.resolve()),
     }
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A specbeam checkpoint, read without unpickling code (`weights_only`); anything
+    else is a one-line error naming the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # torch raises many kinds for a file that is not its own
+        raise ValueError(f"{path} is not a checkpoint torch can read safely") from None
+    if not isinstance(ckpt, dict) or "arch" not in ckpt:
+        raise ValueError(
+            f"{path} is not a specbeam checkpoint (no `arch`): cards are for what "
+            "specbeam.train and specbeam.train_head write"
+        )
+    return ckpt
 
 
 def tokenizer_fields(spm: Path, card_dir: Path, langs: list[str], default_lang: str) -> dict:
@@ -62,6 +83,38 @@ def write_cards(path: Path, cards: list[dict[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     header = "# Written by `python -m specbeam.cards`; paths are relative to this file.\n"
     path.write_text(header + yaml.safe_dump_all(cards, sort_keys=False), encoding="utf-8")
+
+
+def add_cards(path: Path, cards: list[dict[str, object]], replace: bool = False) -> None:
+    """`cards` into the card file `path`, beside the cards it holds: a new file, or the
+    cards appended to its text; with `replace`, those of the same name replaced (the
+    file is then written anew from its cards)."""
+    if not path.exists():
+        write_cards(path, cards)
+        return
+    text = path.read_text(encoding="utf-8")
+    try:
+        held = [card for card in yaml.safe_load_all(text) if card is not None]
+    except yaml.YAMLError as error:
+        raise ValueError(
+            f"{path} is not a YAML card file: {' '.join(str(error).split())}"
+        ) from None
+    names = [card.get("name") if isinstance(card, dict) else None for card in held]
+    taken = [card["name"] for card in cards if card["name"] in names]
+    if taken and not replace:
+        raise ValueError(
+            f"{path} already has a card named {taken[0]}: give another name, or pass "
+            "--replace to replace it"
+        )
+    if taken:
+        new = {card["name"]: card for card in cards}
+        kept = [new.pop(name, card) for name, card in zip(names, held, strict=True)]
+        write_cards(path, kept + list(new.values()))
+        return
+    separator = "" if text.endswith("\n") or not text else "\n"
+    path.write_text(
+        text + separator + "---\n" + yaml.safe_dump_all(cards, sort_keys=False), encoding="utf-8"
+    )
 
 
 def random_nllb_cards(
@@ -105,7 +158,7 @@ def _plain(value: object) -> object:
     return value
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the card file to write (.yaml)")
     parser.add_argument("models", nargs="+", help="NAME=CHECKPOINT")
@@ -115,17 +168,28 @@ def main() -> None:
     parser.add_argument(
         "--tokenizer-of", metavar="CARD", help="use the tokenizer of this card (e.g. the target's)"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--replace", action="store_true", help="replace cards of the same name in OUT"
+    )
+    args = parser.parse_args(argv)
+    try:
+        cards = [card_of(item, args) for item in args.models]
+        add_cards(args.out, cards, args.replace)
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")
+    print(f"wrote {counted(len(cards), 'card')} to {args.out}")
+
+
+def card_of(item: str, args: argparse.Namespace) -> dict[str, object]:
+    """The card of a command line's `NAME=CHECKPOINT`."""
+    name, sep, checkpoint = item.partition("=")
+    if not sep or not name or not checkpoint:
+        raise ValueError(f"{item} is invalid: expected NAME=CHECKPOINT")
     card_dir = args.out.parent
-    cards = []
-    for item in args.models:
-        name, _, checkpoint = item.partition("=")
-        card = model_card(name, Path(checkpoint), card_dir)
-        if args.tokenizer:
-            langs = args.langs.split(",")
-            card.update(tokenizer_fields(args.tokenizer, card_dir, langs, args.default_lang))
-        elif args.tokenizer_of:
-            card["tokenizer_ref"] = args.tokenizer_of  # fairseq2's reference to another card
-        cards.append(card)
-    write_cards(args.out, cards)
-    print(f"wrote {len(cards)} cards to {args.out}")
+    card = model_card(name, Path(checkpoint), card_dir)
+    if args.tokenizer:
+        langs = args.langs.split(",")
+        card.update(tokenizer_fields(args.tokenizer, card_dir, langs, args.default_lang))
+    elif args.tokenizer_of:
+        card["tokenizer_ref"] = args.tokenizer_of  # fairseq2's reference to another card
+    return card

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from specbeam.integration.models import ModelArch, build_model, save_model
+from specbeam.plural import counted
 
 
 def read_weights(path: Path) -> tuple[ModelArch, dict[str, torch.Tensor]]:
@@ -47,4 +48,4 @@ def main() -> None:
     model = build_model(arch)
     model.load_state_dict(weights)
     save_model(model, arch, args.out.expanduser(), torch.float32)
-    print(f"wrote {args.out}: the mean of {len(args.checkpoints)} checkpoints")
+    print(f"wrote {args.out}: the mean of {counted(len(args.checkpoints), 'checkpoint')}")

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
 from specbeam.apps.inference import translate_texts
 from specbeam.paths import SHIPPED, user_path
+from specbeam.plural import counted
 
 log = logging.getLogger("specbeam.distill")
 
@@ -54,8 +55,17 @@ def distill(cfg: DistillConfig) -> None:
     if not cfg.merge_only:
         translate_chunks(cfg, out, chunks)
     missing = [c for c in range(len(chunks)) if not chunk_path(out, c).exists()]
+    if missing and cfg.merge_only:
+        raise ValueError(
+            f"merge_only=true: {len(missing)} of {counted(len(chunks), 'chunk')} are missing "
+            f"from {out / 'chunks'}; make them first with the same settings and no merge_only "
+            "(`python -m specbeam.distill … shard=i/n` for each shard)"
+        )
     if missing:
-        log.info("%d of %d chunks still missing; merge later", len(missing), len(chunks))
+        log.info(
+            "%s of %d still missing: merge_only=true once every shard is done",
+            counted(len(missing), "chunk"), len(chunks),
+        )  # fmt: skip
         return
     merged = out / f"{cfg.split}.tsv"
     tmp = merged.with_suffix(".tmp")
@@ -63,7 +73,7 @@ def distill(cfg: DistillConfig) -> None:
         for c in range(len(chunks)):
             f.write(chunk_path(out, c).read_text(encoding="utf-8"))
     os.replace(tmp, merged)
-    log.info("wrote %s (%d pairs)", merged, len(pairs))
+    log.info("wrote %s (%s)", merged, counted(len(pairs), "pair"))
 
 
 def origin(cfg: DistillConfig) -> dict[str, object]:

@@ -38,6 +38,7 @@ from specbeam.integration.models import (
     save_model,
 )
 from specbeam.paths import SHIPPED
+from specbeam.plural import counted
 from specbeam.training.teacher import TeacherTopK, load_or_compute
 
 log = logging.getLogger("specbeam.train")
@@ -174,7 +175,7 @@ class Trainer:
         log.info(
             "resumed from %s at epoch %d batch %d (step %d)",
             last,
-            self.epoch,
+            self.epoch + 1,
             self.batch_in_epoch,
             self.step,
         )
@@ -260,9 +261,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.resume()
         log.info(
-            "model: %s parameters; %d training pairs",
+            "model: %s parameters; %s",
             f"{num_parameters(self.model):,}",
-            len(self.train),
+            counted(len(self.train), "training pair"),
         )
         if cfg.max_steps and self.step >= cfg.max_steps:
             log.info("already at step %d (max_steps=%d): nothing to do", self.step, cfg.max_steps)

@@ -48,6 +48,7 @@ from specbeam.integration.models import (
     save_head,
 )
 from specbeam.paths import SHIPPED, user_path
+from specbeam.plural import counted
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.lean_decoder import (
     KeysWith,
@@ -101,7 +102,8 @@ class TrainHeadConfig:
     """Stop (with a checkpoint) after this much wall time in this run; 0 = no limit."""
     checkpoint_every_minutes: float = 10.0
     valid_pairs: int = 500
-    """Pairs held out (a fixed random choice) for the validation metrics."""
+    """Pairs held out (a fixed random choice) for the validation metrics; at most a tenth
+    of the data (at least 1), so a small corpus holds out fewer."""
     valid_every_steps: int = 250
     threads: int = 2
     bf16: bool = True
@@ -232,11 +234,7 @@ class HeadTrainer:
                 f"model.target={cfg.model.target}: a draft head trains on the lean decoder, "
                 f"which cannot run this target's ({problem})"
             )
-        if len(pairs) <= cfg.valid_pairs:
-            raise ValueError(
-                f"valid_pairs={cfg.valid_pairs} leaves none of the {len(pairs)} pairs of "
-                f"{data_path} to train on: hold out fewer"
-            )
+        num_valid = held_out(len(pairs), cfg.valid_pairs, data_path)
         target.requires_grad_(False)
         self.data: HeadData = head_data.load_or_compute(
             Path(cfg.data_cache).expanduser(), checkpoint_file(cfg.model.target, store), target, pairs,
@@ -246,8 +244,8 @@ class HeadTrainer:
         )  # fmt: skip
         order = list(range(len(self.data)))
         random.Random(cfg.seed).shuffle(order)
-        self.valid_rows = sorted(order[: cfg.valid_pairs])
-        self.train_rows = sorted(order[cfg.valid_pairs :])
+        self.valid_rows = sorted(order[:num_valid])
+        self.train_rows = sorted(order[num_valid:])
         layers = tuple(cfg.feature_layers)
         if cfg.init:
             self.head = init_head(user_path(cfg.init), target, layers)
@@ -281,7 +279,10 @@ class HeadTrainer:
             ckpt["batch_in_epoch"],
         )
         self.history, self.best = ckpt["history"], ckpt["best"]
-        log.info("resumed from %s at epoch %d batch %d", last, self.epoch, self.batch_in_epoch)
+        log.info(
+            "resumed from %s at epoch %d batch %d (step %d)",
+            last, self.epoch + 1, self.batch_in_epoch, self.step,
+        )  # fmt: skip
 
     def checkpoint(self) -> None:
         atomic_save(
@@ -339,15 +340,36 @@ class HeadTrainer:
         plot_curves(self.history, self.out / "curves.png")
 
     def run(self) -> None:
-        cfg = self.cfg
-        torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(self.cfg.threads)
+        torch.manual_seed(self.cfg.seed)
         self.out.mkdir(parents=True, exist_ok=True)
         self.resume()
         own = sum(p.numel() for p in self.head.own_parameters())
         log.info(
-            "head: %s parameters of its own; %d training pairs", f"{own:,}", len(self.train_rows)
-        )
+            "head: %s parameters of its own; %s",
+            f"{own:,}", counted(len(self.train_rows), "training pair"),
+        )  # fmt: skip
+        self.train_epochs()
+        self.report_best()
+
+    def report_best(self) -> None:
+        """Where the best head is, and why it is the best: the first validation with the
+        highest score (the one `validate` saved)."""
+        if not self.history:
+            return
+        best = max(self.history, key=lambda h: sum(m["top5_in_10"] for m in h["valid"][:2]))
+        cover = ", ".join(f"{m['top5_in_10']:.3f}" for m in best["valid"][:2])
+        log.info(
+            "best head: %s (step %d; held out, the target's top 5 within its top 10 at "
+            "depths 1-2: %s)",
+            self.out / "best.pt", best["step"], cover,
+        )  # fmt: skip
+
+    def train_epochs(self) -> None:
+        cfg = self.cfg
+        if self.epoch >= cfg.max_epochs:
+            log.info("already at max_epochs=%d: nothing to do", cfg.max_epochs)
+            return
         started = last_ckpt = time.monotonic()
         lengths = self.data.lengths()
         train_lengths = [lengths[i] for i in self.train_rows]
@@ -376,15 +398,33 @@ class HeadTrainer:
                     self.validate(running)
                     self.checkpoint()
                     log.info(
-                        "time budget reached at epoch %d batch %d",
-                        self.epoch + 1,
-                        self.batch_in_epoch,
-                    )
+                        "time budget reached at epoch %d batch %d (step %d)",
+                        self.epoch + 1, self.batch_in_epoch, self.step,
+                    )  # fmt: skip
                     return
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             self.validate(running)
             self.checkpoint()
             last_ckpt = time.monotonic()
+
+
+def held_out(num_pairs: int, valid_pairs: int, data: Path) -> int:
+    """How many of `num_pairs` pairs validate: `valid_pairs`, but at most a tenth of them
+    (at least 1), so that a small corpus still trains on most of its pairs."""
+    if valid_pairs < 1:
+        raise ValueError(f"valid_pairs={valid_pairs} is invalid: must be ≥ 1")
+    if num_pairs < 2:
+        raise ValueError(
+            f"{data} has {counted(num_pairs, 'pair')}: a head needs at least 2, one to "
+            "train on and one to hold out"
+        )
+    num_valid = min(valid_pairs, max(1, num_pairs // 10))
+    log.info(
+        "holding out %s of %d for validation%s",
+        counted(num_valid, "pair"), num_pairs,
+        "" if num_valid == valid_pairs else f" (valid_pairs={valid_pairs}: at most a tenth)",
+    )  # fmt: skip
+    return num_valid
 
 
 def plot_curves(history: list[dict], path: Path) -> None:
@@ -421,7 +461,7 @@ def init_head(path: Path, target: TransformerModel, layers: tuple[int, ...]) -> 
         wider.load_state_dict(head.own_state_dict(), strict=False)
         wider.vocab = head.vocab
         head = wider
-    log.info("starting from %s (%d layers)", path, head.arch.num_layers)
+    log.info("starting from %s (%s)", path, counted(head.arch.num_layers, "layer"))
     return head
 
 

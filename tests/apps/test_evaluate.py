@@ -1,4 +1,4 @@
-"""The comparison app: a side-by-side run writes its table, JSON, CSV and plots."""
+"""The comparison app: a side-by-side run writes its Markdown table, JSON, CSV and plots."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def test_evaluate_side_by_side(tmp_path) -> None:
         assert by_name[("beam", batch)]["speedup"] == 1.0
         assert by_name[("spec_beam:plan=false", batch)]["target_passes_per_sentence"] > 0
     assert (out / "results.csv").read_text().count("\n") == 9
+    table = (out / "results.md").read_text()  # the table printed, as a file beside the others
+    assert table.startswith("| method | vs |") and table in result.stdout
+    assert table.count("\n| spec_beam:plan=false | beam |") == 2
     assert (out / "speedup_tau.png").stat().st_size > 0 and (
         out / "throughput.png"
     ).stat().st_size > 0

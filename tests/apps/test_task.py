@@ -54,6 +54,11 @@ def test_plain_files_pair_line_by_line(tmp_path: Path) -> None:
             "dev.es has 2 lines but",
         ),
         (
+            {"text_suffixes": ["es", "en"]},
+            {"dev.es": "Hola\n", "dev.en": "Hello\nThanks\n"},
+            "dev.es has 1 line but",
+        ),
+        (
             {"text_suffixes": ["es"]},
             {},
             "task.text_suffixes=['es'] is invalid: need [source, target]",

@@ -209,7 +209,8 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdi
 
 def test_shards_swept_with_joblib_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
     """README's corpus command: one command line swept over shards writes a file per
-    shard (`out.en.shard-i-of-n`, its stats likewise); merge_shards.py finds and joins them."""
+    shard (`out.en.shard-i-of-n`, its stats likewise); `specbeam.merge_shards` finds and
+    joins them."""
     # One sentence per batch: fairseq2's length cap (a × longest source in the batch + b)
     # makes capped outputs depend on batch company, and untrained models always hit it.
     alone = "hardware.batch_tokens=1"
@@ -226,7 +227,7 @@ def test_shards_swept_with_joblib_merge_into_the_unsharded_output(tmp_path, sour
         *(f"stats.jsonl.shard-{i}-of-3" for i in range(3)),
     ]
     for name in ("out.en", "stats.jsonl"):
-        merge = [sys.executable, "scripts/merge_shards.py", "--input", str(source_file),
+        merge = [sys.executable, "-m", "specbeam.merge_shards", "--input", str(source_file),
                  "--output", str(tmp_path / name)]  # fmt: skip
         result = subprocess.run(merge, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr

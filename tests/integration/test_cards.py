@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
-from specbeam.integration.cards import SHALLOW_DRAFT_FAMILY, model_card
+from specbeam.integration.cards import SHALLOW_DRAFT_FAMILY, main, model_card
+from specbeam.integration.hub import asset_store
 from specbeam.integration.models import (
     ModelPairConfig,
     build_model,
@@ -64,3 +66,48 @@ def test_cli_refers_a_card_to_another_cards_tokenizer(tmp_path: Path) -> None:
     assert card["tokenizer_ref"] == "bible_es_en_target" and "tokenizer" not in card
     pair = ModelPairConfig(target="mine", asset_dirs=[str(out.parent)])
     assert pair.load_tokenizer().vocab_info.size == 8000
+
+
+def test_cli_names_a_missing_or_unreadable_checkpoint_in_one_line(tmp_path: Path) -> None:
+    """Not torch's traceback (nor its advice to load with `weights_only=False`)."""
+    out = tmp_path / "cards.yaml"
+    not_a_checkpoint = tmp_path / "notes.pt"
+    not_a_checkpoint.write_text("hello\n")
+    for checkpoint, problem in [
+        (tmp_path / "missing.pt", f"{tmp_path}/missing.pt: no such checkpoint file"),
+        (not_a_checkpoint, f"{not_a_checkpoint} is not a checkpoint torch can read safely"),
+    ]:
+        cmd = [sys.executable, "-m", "specbeam.cards", str(out), f"x={checkpoint}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0
+        assert result.stderr.strip().splitlines() == [f"error: {problem}"]
+    assert not out.exists()
+
+
+def test_cards_are_added_to_an_existing_file_and_replaced_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fairseq2's card files hold several documents: a head's card written into the
+    target's file joins it, and fairseq2's asset store finds both."""
+    for name in ("t", "h", "h_new"):
+        save_model(build_model(TARGET_ARCH), TARGET_ARCH, tmp_path / f"{name}.pt", torch.float16)
+    cards = tmp_path / "cards"
+    out = cards / "my_nllb.yaml"
+    spm = str(REPO / "tasks/bible_es_en/spm.model")
+    main([str(out), f"my_nllb={tmp_path / 't.pt'}", "--tokenizer", spm])
+    main([str(out), f"h2={tmp_path / 'h.pt'}", "--tokenizer-of", "my_nllb"])
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote 1 card to {out}"
+    store = asset_store([str(cards)])
+    assert store.retrieve_card("my_nllb").field("checkpoint").as_uri().to_path().name == "t.pt"
+    assert store.retrieve_card("h2").field("tokenizer_ref").as_(str) == "my_nllb"
+
+    with pytest.raises(SystemExit) as refused:
+        main([str(out), f"h2={tmp_path / 'h_new.pt'}"])
+    assert str(refused.value.code) == (
+        f"error: {out} already has a card named h2: give another name, or pass --replace "
+        "to replace it"
+    )
+    main([str(out), f"h2={tmp_path / 'h_new.pt'}", "--tokenizer-of", "my_nllb", "--replace"])
+    assert [c["name"] for c in yaml.safe_load_all(out.read_text())] == ["my_nllb", "h2"]
+    store = asset_store([str(cards)])
+    assert store.retrieve_card("h2").field("checkpoint").as_uri().to_path().name == "h_new.pt"

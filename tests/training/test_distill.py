@@ -45,7 +45,7 @@ def test_chunks_of_another_target_or_task_are_refused(tmp_path) -> None:
     """Chunks resume by file name: another distillation's out_dir must not be merged."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.tsv").write_text("r\tY dijo.\tAnd he said.\n", encoding="utf-8")
-    first = run(tmp_path, "merge_only=true")
+    first = run(tmp_path)
     assert first.returncode == 0, first.stderr
     assert (tmp_path / "out" / "chunks" / "origin.json").exists()
     other = run(tmp_path, "merge_only=true", "task.tgt_lang=spa_Latn")
@@ -54,3 +54,18 @@ def test_chunks_of_another_target_or_task_are_refused(tmp_path) -> None:
         f"error: out_dir={tmp_path}/out holds chunks of another distillation: tgt_lang "
         "eng_Latn (not spa_Latn); give another out_dir, or remove that one"
     )
+
+
+def test_merge_only_with_chunks_missing_is_an_error(tmp_path) -> None:
+    """A script's next step (train_head) must not read a missing or stale train.tsv."""
+    (tmp_path / "data").mkdir()
+    rows = [f"r{i}\tY dijo {i}.\tAnd he said {i}.\n" for i in range(3)]
+    (tmp_path / "data" / "train.tsv").write_text("".join(rows), encoding="utf-8")
+    merged = run(tmp_path, "merge_only=true")
+    assert merged.returncode != 0
+    assert merged.stderr.strip().splitlines()[-1] == (
+        f"error: merge_only=true: 2 of 2 chunks are missing from {tmp_path}/out/chunks; make "
+        "them first with the same settings and no merge_only (`python -m specbeam.distill … "
+        "shard=i/n` for each shard)"
+    )
+    assert not (tmp_path / "out" / "train.tsv").exists()

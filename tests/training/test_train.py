@@ -48,7 +48,8 @@ def test_train_checkpoints_and_resumes(tmp_path) -> None:
 
     second = run(tmp_path, "max_epochs=3", "warmup_steps=2")
     assert second.returncode == 0, second.stderr
-    assert "resumed from" in second.stderr and "at epoch 2 batch 0" in second.stderr
+    # Epochs count from 1, as the progress bar and the history do: the third starts.
+    assert "resumed from" in second.stderr and "at epoch 3 batch 0 (step " in second.stderr
     history = json.loads((tmp_path / "out/history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,8 +183,8 @@ def test_a_target_the_lean_decoder_cannot_run_is_refused_by_card(tmp_path) -> No
         HeadTrainer(cfg)
 
 
-def test_too_few_pairs_for_the_held_out_ones_is_one_error(tmp_path) -> None:
-    """Small data with the default `valid_pairs` would leave nothing to train on."""
+def small_target_config(tmp_path: Path, pairs: int, **settings: object) -> TrainHeadConfig:
+    """A tiny target behind a card, `pairs` pairs of data, and train_head's config for them."""
     arch = ModelArch(
         model_dim=32, num_encoder_layers=1, num_decoder_layers=1, num_attn_heads=2,
         ffn_inner_dim=64, dropout_p=0.0, vocab_size=8000, max_seq_len=64,
@@ -192,11 +194,40 @@ def test_too_few_pairs_for_the_held_out_ones_is_one_error(tmp_path) -> None:
     card = {**model_card("small", tmp_path / "t.pt", tmp_path),
             **tokenizer_fields(spm, tmp_path, ["spa_Latn", "eng_Latn"], "eng_Latn")}  # fmt: skip
     write_cards(tmp_path / "card.yaml", [card])
-    (tmp_path / "data.tsv").write_text("a\tHola\tHello\nb\tAdiós\tGoodbye\n")
-    cfg = TrainHeadConfig(
-        model=TargetConfig(target="small", asset_dirs=[str(tmp_path)]), valid_pairs=2,
+    rows = [f"r{i}\tHola {i}\tHello {i}\n" for i in range(pairs)]
+    (tmp_path / "data.tsv").write_text("".join(rows))
+    return TrainHeadConfig(
+        model=TargetConfig(target="small", asset_dirs=[str(tmp_path)]), threads=1, bf16=False,
         data=str(tmp_path / "data.tsv"), data_cache=str(tmp_path / "states.pt"),
+        out_dir=str(tmp_path / "head"), **settings,
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"^valid_pairs=2 leaves none of the 2 pairs of .*data.tsv to train on: hold out fewer$"):  # fmt: skip
+
+
+def test_too_few_pairs_to_hold_one_out_is_one_error(tmp_path) -> None:
+    cfg = small_target_config(tmp_path, pairs=1)
+    with pytest.raises(ValueError, match=r"^.*data.tsv has 1 pair: a head needs at least 2, one to train on and one to hold out$"):  # fmt: skip
         HeadTrainer(cfg)
     assert not (tmp_path / "states.pt").exists()  # refused before the target's pass
+
+
+def test_a_small_corpus_holds_out_a_tenth_and_the_logs_count_epochs_alike(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default `valid_pairs` on 30 pairs holds out 3; a run stopped by its budget
+    and its resumption name the same epoch and batch (1-based epochs, as the progress
+    bar), and each run ends naming its best checkpoint."""
+    cfg = small_target_config(tmp_path, pairs=30, max_tokens=40, time_budget_minutes=1e-9)
+    caplog.set_level(logging.INFO, logger="specbeam.train_head")
+    trainer = HeadTrainer(cfg)
+    assert (len(trainer.valid_rows), len(trainer.train_rows)) == (3, 27)
+    trainer.run()
+    best = f"best head: {tmp_path}/head/best.pt (step 1; held out, the target's top 5"
+    messages = caplog.messages
+    assert "holding out 3 pairs of 30 for validation (valid_pairs=500: at most a tenth)" in messages
+    assert "time budget reached at epoch 1 batch 1 (step 1)" in messages
+    assert messages[-1].startswith(best)
+    caplog.clear()
+    HeadTrainer(cfg).run()
+    assert f"resumed from {tmp_path}/head/last.pt at epoch 1 batch 1 (step 1)" in caplog.messages
+    assert "time budget reached at epoch 1 batch 2 (step 2)" in caplog.messages
+    assert caplog.messages[-1].startswith("best head: ")

@@ -1,6 +1,6 @@
 """Joins the outputs of `python -m specbeam.translate shard=i/n` back into one file.
 
-    python scripts/merge_shards.py --input src.es --output out.en [SHARD ...]
+    python -m specbeam.merge_shards --input src.es --output out.en [SHARD ...]
 
 Without SHARD files it joins out.en.shard-0-of-n … out.en.shard-(n-1)-of-n, the files
 translate writes for `output=out.en shard=i/n`; the same works for a stats_file, and for
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from specbeam.apps.app import shard_path, shard_range
 from specbeam.apps.textio import read_lines
+from specbeam.plural import counted
 
 
 def find_shards(output: Path) -> list[Path]:
@@ -55,7 +56,7 @@ def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
         lines = data.count(b"\n")
         if lines != end - begin or (data and not data.endswith(b"\n")):
             raise ValueError(
-                f"shard {i}/{n}: {path} has {lines} lines, expected {end - begin} (lines {begin + 1}–{end} of {input_path})"
+                f"shard {i}/{n}: {path} has {counted(lines, 'line')}, expected {end - begin} (lines {begin + 1}–{end} of {input_path})"
             )
         parts.append(data)
     tmp = output.with_name(output.name + ".tmp")
@@ -75,7 +76,3 @@ def main(argv: list[str] | None = None) -> None:
         merge(args.input, args.shards or find_shards(args.output), args.output)
     except ValueError as error:
         sys.exit(f"error: {error}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,16 +1,17 @@
-"""scripts/merge_shards.py: shard files found by name and joined in shard order, or a
-one-line error naming the shard that is missing or has the wrong lines."""
+"""`python -m specbeam.merge_shards`: shard files found by name and joined in shard order,
+or a one-line error naming the shard that is missing or has the wrong lines."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from specbeam.apps.merge_shards import main as merge_shards
 
-@pytest.fixture
-def merge_shards(script):  # noqa: ANN001, ANN201
-    return script("merge_shards").main
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -30,25 +31,25 @@ def error_of(main, *argv: str) -> str:  # noqa: ANN001
     return str(exit_info.value.code)
 
 
-def test_found_shards_join_in_order(merge_shards, corpus) -> None:
+def test_found_shards_join_in_order(corpus: Path) -> None:
     output = corpus.with_name("out.en")
     merge_shards(["--input", str(corpus), "--output", str(output)])
     assert output.read_text() == "one\ntwo\n\nfour\nfive\n"
     assert len(list(corpus.parent.glob("out.en.shard-*-of-3"))) == 3  # kept
 
 
-def test_named_shards_join_in_the_order_given(merge_shards, corpus) -> None:
+def test_named_shards_join_in_the_order_given(corpus: Path) -> None:
     named = [corpus.with_name(f"out.en.shard-{i}-of-3") for i in range(3)]
     output = corpus.with_name("joined.en")
     merge_shards(["--input", str(corpus), "--output", str(output), *map(str, named)])
     assert output.read_text() == "one\ntwo\n\nfour\nfive\n"
 
 
-def test_missing_or_wrong_shards_are_one_line_errors(merge_shards, corpus) -> None:
+def test_missing_or_wrong_shards_are_one_line_errors(corpus: Path) -> None:
     args = ["--input", str(corpus), "--output", str(corpus.with_name("out.en"))]
     corpus.with_name("out.en.shard-1-of-3").write_text("two\n")
     assert error_of(merge_shards, *args) == (
-        f"error: shard 1/3: {corpus.parent}/out.en.shard-1-of-3 has 1 lines, expected 2 "
+        f"error: shard 1/3: {corpus.parent}/out.en.shard-1-of-3 has 1 line, expected 2 "
         f"(lines 2–3 of {corpus})"
     )
     corpus.with_name("out.en.shard-1-of-3").unlink()
@@ -62,3 +63,16 @@ def test_missing_or_wrong_shards_are_one_line_errors(merge_shards, corpus) -> No
         f"error: no shard files {corpus.parent}/none.en.shard-i-of-n"
     )
     assert not corpus.with_name("out.en").exists()
+
+
+def test_the_package_carries_the_merge(corpus: Path, tmp_path: Path) -> None:
+    """A pip install has no scripts/: the merge runs as a module of the package, from
+    any directory."""
+    output = corpus.with_name("out.en")
+    cmd = [sys.executable, "-m", "specbeam.merge_shards", "--input", str(corpus),
+           "--output", str(output)]  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert output.read_text() == "one\ntwo\n\nfour\nfive\n"
