@@ -49,7 +49,7 @@ from typing_extensions import override
 from specbeam.apps.app import run_app
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.data import pad
-from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
+from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator, reaching
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
@@ -261,9 +261,7 @@ class GridRow:
 
 def at_gamma(decoding: DecodingConfig, gamma: int, draft_width: int) -> DecodingConfig:
     """`decoding` at a grid cell: adaptive bounds that leave out γ widen to reach it."""
-    bounds = decoding.gamma_bounds
-    if bounds is not None:
-        bounds = [min(bounds[0], gamma), max(bounds[1], gamma)]
+    bounds = reaching(decoding.gamma_bounds, gamma)
     return dataclasses.replace(decoding, gamma=gamma, draft_width=draft_width, gamma_bounds=bounds)
 
 
@@ -391,9 +389,9 @@ def write_hardware(
         )
         log.warning(note)
     costs = plan.to_stored()
-    hw = dataclasses.replace(
-        cfg.hardware, name=cfg.name, costs=costs, tuned={**cfg.hardware.tuned, decoding: tuned}
-    )
+    # Only what this run measured: the other decodings' tuned settings (and their τ) were
+    # chosen for another pair, so they run with their decoding files' settings here.
+    hw = dataclasses.replace(cfg.hardware, name=cfg.name, costs=costs, tuned={decoding: tuned})
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
@@ -407,6 +405,8 @@ def write_hardware(
         f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.shape.tau:.2f}, "
         f"over specbeam's plain search predicted {best.predicted:.2f}×, measured "
         f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
+        f"# tuned: {decoding} alone; other decodings run with their decoding files' settings "
+        "here (not calibrated for this pair).",
         *([f"# {note}."] if negative else []),
     ]
     path = user_path(cfg.hardware_dir) / f"{cfg.name}.yaml"

@@ -73,7 +73,8 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
 
 def test_calibrates_any_speculative_method(tmp_path) -> None:
     """`method=` names the decoding to tune (`decoding=` is the apps' config group, and
-    Hydra refuses it here); its tuned settings sit beside those of other methods."""
+    Hydra refuses it here); the file holds its tuned settings alone: hardware=cpu's other
+    entries were measured for another pair."""
     cfg = compose_config("calibrate", [
         "model=tiny_random", "hardware.threads=1", "name=cal_greedy", "method=spec_greedy",
         f"hardware_dir={tmp_path}", "gammas=[2,3]", "draft_widths=[1]", "sample=2", "repeats=2",
@@ -82,8 +83,18 @@ def test_calibrates_any_speculative_method(tmp_path) -> None:
     text = calibrate(cfg).read_text()
     assert "# spec_greedy: best γ=" in text
     tuned = OmegaConf.load(tmp_path / "cal_greedy.yaml").tuned
-    assert {"spec_beam", "relaxed"} <= set(tuned)  # hardware=cpu's own entries are kept
+    assert set(tuned) == {"spec_greedy"}
     assert tuned.spec_greedy.gamma in (2, 3) and tuned.spec_greedy.draft_width == 1
+    assert "other decodings run with their decoding files' settings" in text
+    # Not calibrated here: spec_beam runs on its decoding file's settings, and the planner
+    # on the measured costs from its default guess of τ.
+    hw = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.create(text))
+    )
+    spec_beam = hw.tune(load_decoding("spec_beam"))
+    assert spec_beam == load_decoding("spec_beam")
+    planner = SpeculativeSearchConfig(spec_beam, hw).planner()
+    assert planner is not None and planner.shape.tau == DecodingConfig().plan_tau
 
 
 def test_tuned_settings_must_be_decoding_settings() -> None:
