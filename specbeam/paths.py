@@ -8,6 +8,7 @@ directory; a shipped config names its own files as `${specbeam:tasks/...}`, whic
 against the shipped files' home, wherever the package is.
 """
 
+import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -25,6 +26,14 @@ SHIPPED = _home()
 def shipped(relative: str) -> Path:
     """A shipped file or directory, e.g. `tasks/bible_es_en/models/target.pt`."""
     return SHIPPED / relative
+
+
+def user_config_dir() -> Path:
+    """The user's own configs, in the shipped ones' layout (`hardware/NAME.yaml`):
+    `$XDG_CONFIG_HOME/specbeam`, by default `~/.config/specbeam`. calibrate writes there,
+    and every app's search path has it, so nothing is written into the package."""
+    base = os.environ.get("XDG_CONFIG_HOME") or "~/.config"
+    return Path(base).expanduser() / "specbeam"
 
 
 def user_path(spec: str) -> Path:

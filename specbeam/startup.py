@@ -7,11 +7,19 @@ Python's garbage collector waits until `done`: importing torch, fairseq2 and tra
 and loading the models allocate millions of objects, few of them garbage, and every full
 collection walks all of them. `done` freezes what exists then (the modules, the models), so
 that the collections of the run skip it too.
+
+Ctrl-C before `done` (the imports, composing the config, loading the models) ends the
+process with one line, `interrupted`, and the shell's code for it (130), not a traceback;
+from `done` on, an app handles it (translate says how far its output got).
 """
 
 from __future__ import annotations
 
 import gc
+import signal
+import sys
+from types import FrameType
+from typing import NoReturn
 
 _begun = False
 
@@ -22,6 +30,7 @@ def begin() -> None:
     if not _begun:
         _begun = True
         gc.disable()
+        signal.signal(signal.SIGINT, _on_interrupt)
 
 
 def done() -> None:
@@ -32,3 +41,14 @@ def done() -> None:
         _begun = False
         gc.freeze()
         gc.enable()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def interrupted() -> NoReturn:
+    """Ends the process as Ctrl-C should: one line, exit code 130 (128 + SIGINT)."""
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(130)
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    interrupted()

@@ -3,23 +3,33 @@ and turning bad settings into one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, final
 
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.generation import Seq2SeqGenerator
+from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from hydra.plugins.config_source import ConfigLoadError
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
+from typing_extensions import override
 
 from specbeam import startup
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
+from specbeam.apps.help import app_help
 from specbeam.apps.task import TaskConfig
 from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, open_pair
-from specbeam.paths import SHIPPED
+from specbeam.paths import SHIPPED, user_config_dir
 
 R = TypeVar("R")
 
@@ -91,27 +101,95 @@ def shard_path(path: str, shard: str) -> str:
 
 def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
     """Runs an app on its structured config; a bad setting or a missing file ends the
-    process with one line naming the problem, not a traceback."""
+    process with one line naming the problem, not a traceback, and so does Ctrl-C."""
     try:
-        return app(OmegaConf.to_object(cfg))
+        check_known(cfg)
+        config = OmegaConf.to_object(cfg)
+        if isinstance(config, PipelineConfig):
+            # First: an app's own checks compare with it (translate's nbest ≤ beam_size).
+            config.decoding.validate()
+        return app(config)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
+    except KeyboardInterrupt:
+        startup.interrupted()
 
 
-def before_hydra(argv: Sequence[str]) -> None:
-    """What an app's command line does before Hydra runs it: group choices are checked,
-    and fairseq2 will not register the generators for recipes, which these processes do
-    not run (0.8 s of start-up, `specbeam/integration/entry_point.py`)."""
+def check_known(node: DictConfig, prefix: str = "") -> None:
+    """A ValueError for a key the schema does not know (`+decoding.gama=3`): Hydra adds
+    such keys, and the dataclasses would drop them silently."""
+    known = settings_of(node)
+    for key in node if known is not None else ():
+        if key not in known:
+            raise ValueError(not_a_setting(prefix, str(key), known))
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            check_known(child, f"{prefix}{key}.")
+
+
+def settings_of(node: object) -> list[str] | None:
+    """The setting names of a structured config node; None where any key goes (a dict
+    setting such as hardware.tuned, or a value)."""
+    kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if kind is None or not dataclasses.is_dataclass(kind):
+        return None
+    return [f.name for f in dataclasses.fields(kind)]
+
+
+def not_a_setting(prefix: str, key: str, known: Sequence[str]) -> str:
+    near = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {prefix}{near[0]}?" if near else "--help lists the settings"
+    return f"{prefix}{key} is not a setting ({hint})"
+
+
+def before_hydra(argv: Sequence[str], app: str | None = None) -> None:
+    """What an app's command line does before Hydra runs it: --help shows the app's own
+    settings, group choices and setting names are checked (Hydra would print six lines for
+    a typo), and fairseq2 will not register the generators for recipes, which these
+    processes do not run (0.8 s of start-up, `specbeam/integration/entry_point.py`).
+    `app`: the primary config's name; by default the calling module's (`…apps.translate`
+    -> translate, whose schema is `translate_schema`)."""
+    caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+    module = caller.f_globals if caller is not None else {}
+    app = app or str(module.get("__name__", "")).rpartition(".")[2]
     check_group_choices(argv)
+    check_override_keys(argv, app)
+    if {"--help", "-h"} & set(argv):
+        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+        print(app_help(app, module.get("__doc__"), overrides))
+        raise SystemExit(0)
     entry_point.skip_generators()
+
+
+def check_override_keys(argv: Sequence[str], app: str) -> None:
+    """Ends the process with one line when an override names no setting of the app's
+    schema (`decoding.gama=3`, `+ouput=x`), with the nearest name that is one."""
+    try:
+        schema = ConfigStore.instance().load(f"{app}_schema.yaml").node
+    except ConfigLoadError:
+        return
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        parts = key.lstrip("+~").split(".")
+        if not sep or arg.startswith("-") or parts[0] == "hydra" or "/" in key or "@" in key:
+            continue  # a flag, Hydra's own settings, a group path (hydra/launcher=…), a package
+        node: Any = schema
+        for depth, part in enumerate(parts):
+            known = settings_of(node)
+            if known is None:
+                break
+            if part not in known:
+                prefix = "".join(f"{p}." for p in parts[:depth])
+                raise SystemExit(f"error: {not_a_setting(prefix, part, known)}")
+            node = node._get_node(part)
 
 
 def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") -> None:
     """Ends the process with one line when an override picks a config that does not
-    exist (`decoding=nope`), naming the ones that do; Hydra would print a dozen lines.
-    Directories of `hydra.searchpath=[file://DIR,…]` count too: a calibrated hardware
-    config may live outside the repository (`calibrate hardware_dir=DIR/hardware`)."""
-    dirs = [conf_dir, *searchpath_dirs(argv)]
+    exist (`decoding=nope`), naming the ones that do and where it looked; Hydra would
+    print a dozen lines. The per-user directory (`paths.user_config_dir`) and those of
+    `hydra.searchpath=[file://DIR,…]` count too."""
+    dirs = [conf_dir, user_config_dir(), *searchpath_dirs(argv)]
     for arg in argv:
         group, sep, value = arg.partition("=")
         if not sep or not group.isidentifier() or not (conf_dir / group).is_dir():
@@ -119,17 +197,46 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") 
         allowed = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         for choice in value.split(","):  # a multirun sweeps over several
             if choice not in allowed and "(" not in choice:
+                looked = ", ".join(str(d / group) for d in dirs)
                 raise SystemExit(
-                    f"error: {group}={choice} is unknown; allowed: {', '.join(allowed)}"
+                    f"error: {group}={choice} is unknown; allowed: {', '.join(allowed)} "
+                    f"(looked in {looked})"
                 )
 
 
 def searchpath_dirs(argv: Sequence[str]) -> list[Path]:
-    """The local directories of a `hydra.searchpath=[file://DIR,…]` override."""
+    """The local directories of a `hydra.searchpath=[file://DIR,…]` override; Hydra does
+    not expand `~` there, so one is an error naming the full path."""
     dirs = []
     for arg in argv:
         name, _, value = arg.partition("=")
         if name.lstrip("+") == "hydra.searchpath":
             entries = (e.strip().strip("'\"") for e in value.strip("[]").split(","))
-            dirs += [Path(e.removeprefix("file://")) for e in entries if e.startswith("file://")]
+            for entry in entries:
+                if not entry.startswith("file://"):
+                    continue
+                path = entry.removeprefix("file://")
+                if path.startswith("~"):
+                    raise SystemExit(
+                        f"error: hydra.searchpath entry {entry}: Hydra does not expand ~; "
+                        f"write file://{Path(path).expanduser()}"
+                    )
+                dirs.append(Path(path))
     return dirs
+
+
+@final
+class UserConfigs(SearchPathPlugin):
+    """Puts the per-user configs (`paths.user_config_dir`) on every app's search path,
+    after the shipped ones, so that `hardware=NAME` finds what calibrate wrote there."""
+
+    @override
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        if not user_config_dir().is_dir():
+            return  # Hydra would warn of a missing entry
+        search_path.append(
+            "specbeam-user", f"file://{user_config_dir()}", anchor=SearchPathQuery(provider="main")
+        )
+
+
+Plugins.instance().register(UserConfigs)

@@ -1,6 +1,6 @@
 """Calibration: this machine's cost model, and the draft depth and width it favours.
 
-    python -m specbeam.calibrate                          # embedded pair, writes conf/hardware/calibrated.yaml
+    python -m specbeam.calibrate                          # embedded pair, writes ~/.config/specbeam/hardware/calibrated.yaml
     python -m specbeam.calibrate model=tiny_random name=test 'gammas=[2,4]' sample=3
 
 Measures the target's verification cost per call as a line in its query slots, the
@@ -46,14 +46,14 @@ from torch.utils.hooks import RemovableHandle
 from tqdm import tqdm
 from typing_extensions import override
 
-from specbeam.apps.app import run_app
+from specbeam.apps.app import before_hydra, run_app
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.data import pad
-from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
+from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator, reaching
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
-from specbeam.paths import SHIPPED, shipped, user_path
+from specbeam.paths import SHIPPED, shipped, user_config_dir, user_path
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.runtime import Runtime
 from specbeam.search.slots import SlotTable
@@ -226,9 +226,10 @@ class CalibrateConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     name: str = "calibrated"
     """Writes <hardware_dir>/<name>.yaml (the current hardware config plus `tuned`)."""
-    hardware_dir: str = str(shipped("conf/hardware"))
-    """The shipped configs' hardware group by default, where `hardware=<name>` finds it; a
-    relative path is relative to the working directory."""
+    hardware_dir: str | None = None
+    """None: the per-user hardware configs (`~/.config/specbeam/hardware`, under
+    $XDG_CONFIG_HOME if set), where every app's `hardware=<name>` finds it; a relative
+    path is relative to the working directory."""
     method: str = "spec_beam"
     """The speculative decoding to tune (conf/decoding/<method>.yaml); plain beam search
     of its beam size is the baseline. Not `decoding=`: that is the apps' config group."""
@@ -261,9 +262,7 @@ class GridRow:
 
 def at_gamma(decoding: DecodingConfig, gamma: int, draft_width: int) -> DecodingConfig:
     """`decoding` at a grid cell: adaptive bounds that leave out γ widen to reach it."""
-    bounds = decoding.gamma_bounds
-    if bounds is not None:
-        bounds = [min(bounds[0], gamma), max(bounds[1], gamma)]
+    bounds = reaching(decoding.gamma_bounds, gamma)
     return dataclasses.replace(decoding, gamma=gamma, draft_width=draft_width, gamma_bounds=bounds)
 
 
@@ -391,9 +390,9 @@ def write_hardware(
         )
         log.warning(note)
     costs = plan.to_stored()
-    hw = dataclasses.replace(
-        cfg.hardware, name=cfg.name, costs=costs, tuned={**cfg.hardware.tuned, decoding: tuned}
-    )
+    # Only what this run measured: the other decodings' tuned settings (and their τ) were
+    # chosen for another pair, so they run with their decoding files' settings here.
+    hw = dataclasses.replace(cfg.hardware, name=cfg.name, costs=costs, tuned={decoding: tuned})
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
@@ -407,13 +406,32 @@ def write_hardware(
         f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.shape.tau:.2f}, "
         f"over specbeam's plain search predicted {best.predicted:.2f}×, measured "
         f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
+        f"# tuned: {decoding} alone; other decodings run with their decoding files' settings "
+        "here (not calibrated for this pair).",
         *([f"# {note}."] if negative else []),
     ]
-    path = user_path(cfg.hardware_dir) / f"{cfg.name}.yaml"
+    path = hardware_dir(cfg) / f"{cfg.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     body = OmegaConf.to_yaml(OmegaConf.structured(hw))
     path.write_text("\n".join(header) + "\n" + body)
     return path
+
+
+def hardware_dir(cfg: CalibrateConfig) -> Path:
+    return (
+        user_config_dir() / "hardware" if cfg.hardware_dir is None else user_path(cfg.hardware_dir)
+    )
+
+
+def usage(path: Path) -> str:
+    """How an app picks the written config: Hydra finds a group's configs in a directory
+    named after the group, under a search-path entry (the per-user one is always on it)."""
+    name = f"hardware={path.stem}"
+    if path.parent == user_config_dir() / "hardware":
+        return name
+    if path.parent.name == "hardware":
+        return f"{name} 'hydra.searchpath=[file://{path.parent.parent}]'"
+    return f"{name}, after moving it to {user_config_dir() / 'hardware'}"
 
 
 def peak_rss_mb() -> float:
@@ -422,6 +440,11 @@ def peak_rss_mb() -> float:
 
 
 def calibrate(cfg: CalibrateConfig) -> Path:
+    if (shipped("conf/hardware") / f"{cfg.name}.yaml").exists():
+        raise ValueError(
+            f"name={cfg.name} is a shipped hardware config, which hardware={cfg.name} keeps "
+            "meaning: choose another name"
+        )
     cfg.hardware.apply()
     decoding = cfg.hardware.tune(load_decoding(cfg.method))
     if not decoding.speculative:
@@ -450,7 +473,7 @@ def calibrate(cfg: CalibrateConfig) -> Path:
         f"\nbest measured: gamma={best.gamma} draft_width={best.draft_width} "
         f"({best.measured:.2f}× specbeam's plain search, predicted {best.predicted:.2f}×; "
         f"{best.vs_fairseq2:.2f}× fairseq2's)\n"
-        f"wrote {path} (use: hardware={cfg.name})\n"
+        f"wrote {path} (use: {usage(path)})\n"
         f"peak resident memory: {peak_rss_mb():.0f} MiB (this process: the pair, its packed "
         "weights and every search above)"
     )
@@ -460,3 +483,9 @@ def calibrate(cfg: CalibrateConfig) -> Path:
 @hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="calibrate")
 def main(cfg: CalibrateConfig) -> None:
     run_app(calibrate, cfg)
+
+
+def cli() -> None:
+    """The command line (`app.before_hydra`)."""
+    before_hydra(sys.argv[1:])
+    main()

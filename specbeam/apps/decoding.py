@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,13 @@ class DecodingConfig(SearchSettings):
         """The decoding file `name` is made from, and the settings its method string sets."""
         base, dotlist = parse_method(self.name)
         return base, {item.split("=", 1)[0] for item in dotlist}
+
+
+def reaching(bounds: Sequence[int] | None, gamma: int) -> list[int] | None:
+    """Adaptive γ bounds widened to include γ, so that bounds tuned for another γ (a
+    hardware file's, `HardwareConfig.tune`) never reject the γ a user or a calibration
+    grid chose; None (no adaptation) stays None."""
+    return None if bounds is None else [min(bounds[0], gamma), max(bounds[1], gamma)]
 
 
 def parse_method(method: str) -> tuple[str, list[str]]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import OmegaConf
 
+from specbeam.apps.decoding import reaching
 from specbeam.integration.models import LoadedPair
 from specbeam.paths import config_file
 from specbeam.search import onednn, quant
@@ -117,7 +118,8 @@ class HardwareConfig(MachineSettings):
     def tune(self, decoding: DecodingConfig, keep: Collection[str] = ()) -> DecodingConfig:
         """`decoding` with this machine's calibrated settings for its name, if any, but
         for the settings in `keep` (those the user gave explicitly) and those a method
-        string names (`spec_beam:draft_width=20` keeps width 20, takes the tuned γ)."""
+        string names (`spec_beam:draft_width=20` keeps width 20, takes the tuned γ).
+        Tuned `gamma_bounds` widen to include a γ kept this way; bounds the user gave do not."""
         name, named = decoding.method_settings()
         keep = {*keep, *named}
         settings = self.tuned.get(name, {})
@@ -126,7 +128,11 @@ class HardwareConfig(MachineSettings):
             raise ValueError(
                 f"hardware.tuned.{name} has unknown settings: {', '.join(sorted(unknown))}"
             )
-        return dataclasses.replace(decoding, **{k: v for k, v in settings.items() if k not in keep})
+        taken = {k: v for k, v in settings.items() if k not in keep}
+        tuned = dataclasses.replace(decoding, **taken)
+        if "gamma_bounds" in taken:  # tuned bounds make room for the user's γ
+            tuned.gamma_bounds = reaching(tuned.gamma_bounds, tuned.gamma)
+        return tuned
 
 
 def load_hardware(name: str) -> HardwareConfig:

@@ -3,8 +3,13 @@ is allowed; a non-speculative decoding runs on a pair that has a draft."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
@@ -12,14 +17,17 @@ from fairseq2.generation.sampling import SamplingSeq2SeqGenerator
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+import specbeam.apps.calibrate  # noqa: F401  (registers calibrate_schema)
 import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
 import specbeam.training.train  # noqa: F401  (registers train_schema)
 from specbeam.apps.app import check_group_choices, command_line_settings, run_app
 from specbeam.apps.decoding import DecodingConfig, load_decoding
-from specbeam.apps.hardware import HardwareConfig
+from specbeam.apps.hardware import HardwareConfig, load_hardware
+from specbeam.apps.help import app_help
 from specbeam.apps.inference import translate_texts
-from specbeam.paths import SHIPPED
+from specbeam.apps.translate import translate
+from specbeam.paths import SHIPPED, user_config_dir
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 
@@ -134,7 +142,8 @@ def test_unknown_decoding_ends_the_app_with_one_line(tmp_path) -> None:
     result = subprocess.run(cmd, cwd=SHIPPED, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        f"error: decoding=nope is unknown; allowed: {DECODINGS}"
+        f"error: decoding=nope is unknown; allowed: {DECODINGS} (looked in {SHIPPED}/conf/decoding, "
+        f"{user_config_dir()}/decoding)"
     ]
 
 
@@ -195,3 +204,135 @@ def test_configs_on_the_searchpath_are_known(tmp_path) -> None:
     with pytest.raises(SystemExit) as exit_info:
         check_group_choices(["hardware=calibrated_here"])
     assert "allowed: cpu" in str(exit_info.value.code)
+
+
+def run_entry(
+    app: str, *argv: str, tmp_path: Path, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", f"specbeam.{app}", *argv, f"hydra.run.dir={tmp_path}"]
+    return subprocess.run(
+        cmd, cwd=SHIPPED, input="Hola\n", capture_output=True, text=True, timeout=300,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("app", "override", "expected"),
+    [
+        ("translate", "decoding.gama=3", "decoding.gama is not a setting (did you mean decoding.gamma?)"),
+        ("translate", "+ouput=x2.en", "ouput is not a setting (did you mean output?)"),
+        ("calibrate", "+hardware.thread=1", "hardware.thread is not a setting (did you mean hardware.threads?)"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_setting_is_one_line_naming_the_nearest(
+    app: str, override: str, expected: str, tmp_path
+) -> None:
+    """Hydra would print six lines advising `+decoding.gama=3`, which then ran, ignored."""
+    result = run_entry(app, "model=tiny_random", override, tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [f"error: {expected}"]
+    assert not (tmp_path / "x2.en").exists()
+
+
+def test_keys_added_past_the_entry_check_are_refused_too() -> None:
+    """Apps without `before_hydra` (train_head) get the same line from run_app."""
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
+        cfg = compose("translate", overrides=[*BASE, "+decoding.gama=3", "+hardware.tuned.x.y=1"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_app(lambda c: c, cfg)
+    assert (
+        exit_info.value.code
+        == "error: decoding.gama is not a setting (did you mean decoding.gamma?)"
+    )
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
+        cfg = compose("translate", overrides=[*BASE, "+hardware.tuned.x.y=1"])  # a dict: any key
+    assert run_app(lambda c: c.hardware.tuned, cfg) == {**load_hardware("cpu").tuned, "x": {"y": 1}}
+
+
+def test_beam_size_is_checked_before_the_settings_compared_with_it() -> None:
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
+        cfg = compose("translate", overrides=[*BASE, "decoding.beam_size=0"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_app(translate, cfg)
+    assert exit_info.value.code == "error: decoding.beam_size=0 is invalid: must be ≥ 1"
+
+
+def test_ctrl_c_in_an_app_is_one_line_and_exit_code_130(capsys) -> None:
+    def app(_: object) -> None:
+        raise KeyboardInterrupt
+
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
+        cfg = compose("translate", overrides=BASE)
+    with pytest.raises(SystemExit) as exit_info:
+        run_app(app, cfg)
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_code_130(tmp_path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "specbeam.translate",
+        "model=tiny_random",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    process = subprocess.Popen(
+        cmd, cwd=SHIPPED, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(1.0)  # importing torch and fairseq2
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert stderr.strip().splitlines() == ["interrupted"]
+
+
+def test_hardware_configs_of_the_user_directory_need_no_searchpath(tmp_path) -> None:
+    """Where calibrate writes by default (`paths.user_config_dir`): every app finds it."""
+    hardware = tmp_path / "config" / "specbeam" / "hardware"
+    hardware.mkdir(parents=True)
+    (hardware / "mine.yaml").write_text("name: mine\nthreads: 1\n")
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    result = run_entry("translate", "model=tiny_random", "hardware=mine", "decoding.max_gen_len=[0.5,4]",
+                       tmp_path=tmp_path, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+
+
+def test_an_unknown_hardware_names_where_it_looked(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    (tmp_path / "specbeam" / "hardware").mkdir(parents=True)
+    (tmp_path / "specbeam" / "hardware" / "mine.yaml").write_text("name: mine\n")
+    check_group_choices(["hardware=mine"])
+    with pytest.raises(SystemExit) as exit_info:
+        check_group_choices(["hardware=my_nllb", f"hydra.searchpath=[file://{tmp_path}/w]"])
+    assert exit_info.value.code == (
+        f"error: hardware=my_nllb is unknown; allowed: cpu, mine (looked in {SHIPPED}/conf/hardware, "
+        f"{tmp_path}/specbeam/hardware, {tmp_path}/w/hardware)"
+    )
+
+
+def test_a_tilde_in_the_searchpath_is_an_error_naming_the_full_path() -> None:
+    """Hydra does not expand it: the config would not be found."""
+    with pytest.raises(SystemExit) as exit_info:
+        check_group_choices(["hardware=mine", "hydra.searchpath=[file://~/w]"])
+    assert exit_info.value.code == (
+        f"error: hydra.searchpath entry file://~/w: Hydra does not expand ~; write file://{Path.home()}/w"
+    )
+
+
+def test_help_lists_the_app_s_own_groups_and_settings_with_descriptions(tmp_path) -> None:
+    result = run_entry("translate", "--help", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith(specbeam.apps.translate.__doc__.split("\n")[0])
+    assert re.search(r"^  input=- +A file, or - : standard input", out, re.M)
+    assert re.search(r"^  decoding: beam, .*spec_beam\*", out, re.M)
+    assert re.search(r"^  decoding.gamma=4 +Draft depth", out, re.M)
+    assert not re.search(r"^  arch:", out, re.M)  # the training apps' group
+    calibrate_help = app_help("calibrate", None, ["hardware.threads=1"])
+    assert re.search(r"^  hardware.threads=1", calibrate_help, re.M)
+    assert re.search(
+        r"^  hardware_dir=null +None: the per-user hardware configs", calibrate_help, re.M
+    )
+    assert "decoding:" not in calibrate_help

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbeam.apps.calibrate import Calibration, CallTimer, GridRow, calibrate, write_hardware
+from specbeam.apps.calibrate import (
+    Calibration,
+    CallTimer,
+    GridRow,
+    calibrate,
+    usage,
+    write_hardware,
+)
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.apps.hardware import HardwareConfig, load_hardware
@@ -37,13 +45,15 @@ def compose_config(name: str, overrides: list[str]) -> object:
         return OmegaConf.to_object(compose(name, overrides=overrides))
 
 
-def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
+def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys, monkeypatch) -> None:
+    """By default into the per-user configs, where `hardware=NAME` finds it."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     cfg = compose_config("calibrate", [
-        "model=tiny_random", "hardware.threads=1", "name=cal_test", f"hardware_dir={tmp_path}/hardware",
+        "model=tiny_random", "hardware.threads=1", "name=cal_test",
         "gammas=[2,5]", "draft_widths=[5,6]", "sample=2", "repeats=2", "slot_counts=[1,5,10]",
     ])  # fmt: skip
     path = calibrate(cfg)
-    assert path == tmp_path / "hardware" / "cal_test.yaml"
+    assert path == tmp_path / "specbeam" / "hardware" / "cal_test.yaml"
     printed = capsys.readouterr().out
     assert "verify (target, float32)" in printed and "| γ | width | τ |" in printed
     assert printed.count("| 2 | 5 |") + printed.count("| 5 | 6 |") == 2
@@ -52,9 +62,8 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
     peak = re.search(r"peak resident memory: (\d+) MiB", printed)
     assert peak is not None and int(peak.group(1)) > 100  # torch and fairseq2 alone take more
 
-    loaded = compose_config(
-        "evaluate", ["hardware=cal_test", f"hydra.searchpath=[file://{tmp_path}]"]
-    )
+    assert f"wrote {path} (use: hardware=cal_test)" in printed
+    loaded = compose_config("evaluate", ["hardware=cal_test"])
     assert isinstance(loaded, EvaluateConfig)
     hw = loaded.hardware
     assert (hw.name, hw.threads, hw.batch_tokens, hw.draft_dtype) == (
@@ -73,7 +82,8 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys) -> None:
 
 def test_calibrates_any_speculative_method(tmp_path) -> None:
     """`method=` names the decoding to tune (`decoding=` is the apps' config group, and
-    Hydra refuses it here); its tuned settings sit beside those of other methods."""
+    Hydra refuses it here); the file holds its tuned settings alone: hardware=cpu's other
+    entries were measured for another pair."""
     cfg = compose_config("calibrate", [
         "model=tiny_random", "hardware.threads=1", "name=cal_greedy", "method=spec_greedy",
         f"hardware_dir={tmp_path}", "gammas=[2,3]", "draft_widths=[1]", "sample=2", "repeats=2",
@@ -82,8 +92,18 @@ def test_calibrates_any_speculative_method(tmp_path) -> None:
     text = calibrate(cfg).read_text()
     assert "# spec_greedy: best γ=" in text
     tuned = OmegaConf.load(tmp_path / "cal_greedy.yaml").tuned
-    assert {"spec_beam", "relaxed"} <= set(tuned)  # hardware=cpu's own entries are kept
+    assert set(tuned) == {"spec_greedy"}
     assert tuned.spec_greedy.gamma in (2, 3) and tuned.spec_greedy.draft_width == 1
+    assert "other decodings run with their decoding files' settings" in text
+    # Not calibrated here: spec_beam runs on its decoding file's settings, and the planner
+    # on the measured costs from its default guess of τ.
+    hw = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.create(text))
+    )
+    spec_beam = hw.tune(load_decoding("spec_beam"))
+    assert spec_beam == load_decoding("spec_beam")
+    planner = SpeculativeSearchConfig(spec_beam, hw).planner()
+    assert planner is not None and planner.shape.tau == DecodingConfig().plan_tau
 
 
 def test_tuned_settings_must_be_decoding_settings() -> None:
@@ -134,3 +154,23 @@ def test_costs_are_written_with_no_negative_work_beside_the_calls(
                      "accept_ms": max(beside_ms, 0.0), "plain_step_ms": 2.5}  # fmt: skip
     said = "work beside the calls written as 0 where it came out negative (-4.80 ms per pass"
     assert (said in caplog.text) == (said in path.read_text()) == (beside_ms < 0)
+
+
+def test_the_closing_hint_names_the_searchpath_a_directory_needs(tmp_path, monkeypatch) -> None:
+    """Verified by composing with it: Hydra finds `hardware/NAME.yaml` under the entry."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    path = tmp_path / "w" / "hardware" / "my_nllb.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("name: my_nllb\nthreads: 1\n")
+    hint = usage(path)
+    assert hint == f"hardware=my_nllb 'hydra.searchpath=[file://{tmp_path}/w]'"
+    loaded = compose_config("evaluate", shlex.split(hint))
+    assert isinstance(loaded, EvaluateConfig) and loaded.hardware.name == "my_nllb"
+    assert usage(tmp_path / "config" / "specbeam" / "hardware" / "a.yaml") == "hardware=a"
+    assert "after moving it to" in usage(tmp_path / "elsewhere" / "a.yaml")
+
+
+def test_a_shipped_hardware_name_is_refused() -> None:
+    cfg = compose_config("calibrate", ["name=cpu"])
+    with pytest.raises(ValueError, match="name=cpu is a shipped hardware config"):
+        calibrate(cfg)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from fairseq2.nn import Projection
 
+from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import LoadedPair
 from specbeam.search import attention, onednn, quant
@@ -95,3 +96,24 @@ def test_machine_settings_are_checked_with_their_names() -> None:
         HardwareConfig(onednn_min_rows=0, threads=1).apply()
     with pytest.raises(ValueError, match="hardware.costs is incomplete or malformed"):
         HardwareConfig(costs={"target": [1.0, 0.1]}, threads=1).apply()
+
+
+def test_tuned_gamma_bounds_widen_to_the_gamma_the_user_gives() -> None:
+    """hardware=cpu tunes spec_beam's adaptive γ to [1, 4]: decoding.gamma=6 on the command
+    line, or in evaluate's method string, widens them rather than failing on them."""
+    hw = HardwareConfig(tuned={"spec_beam": {"gamma": 2, "gamma_bounds": [1, 4]}})
+    given = hw.tune(DecodingConfig(name="spec_beam", gamma=6), keep={"gamma"})
+    assert (given.gamma, given.gamma_bounds) == (6, [1, 6])
+    given.validate()
+    method = hw.tune(load_decoding("spec_beam:gamma=6;draft_width=8"))
+    assert (method.gamma, method.draft_width, method.gamma_bounds) == (6, 8, [1, 6])
+    method.validate()
+    assert hw.tune(DecodingConfig(name="spec_beam")).gamma_bounds == [1, 4]
+
+
+def test_gamma_bounds_the_user_gives_must_include_gamma() -> None:
+    hw = HardwareConfig(tuned={"spec_beam": {"gamma_bounds": [1, 4]}})
+    mine = DecodingConfig(name="spec_beam", gamma=6, gamma_bounds=(1, 5))
+    kept = hw.tune(mine, keep={"gamma", "gamma_bounds"})
+    with pytest.raises(ValueError, match=r"decoding.gamma_bounds=\(1, 5\) is invalid"):
+        kept.validate()

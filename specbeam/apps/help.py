@@ -1,0 +1,118 @@
+"""An app's --help: its config groups and its own settings, each with its value and a
+one-line description, the first sentence of the docstring under the setting's field in the
+app's config dataclasses (Hydra's help would list every group under conf/, the training
+`arch` too, with no descriptions)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from specbeam.paths import SHIPPED, user_config_dir
+
+_WIDTH = 38  # of the SETTING=VALUE column
+_LINE = 120
+
+
+def app_help(app: str, doc: str | None, overrides: Sequence[str]) -> str:
+    """`python -m specbeam.<app> --help`, the config composed with the command line's
+    other overrides."""
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None, job_name=app):
+        cfg = compose(app, overrides=list(overrides), return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    intro = (doc or "").strip().split("\n\n")[0]
+    lines = [
+        intro,
+        "",
+        f"python -m specbeam.{app} [SETTING=VALUE ...]",
+        "  (--cfg job prints the whole config; --hydra-help lists Hydra's own flags)",
+        "",
+        "Config groups (GROUP=NAME picks conf/GROUP/NAME.yaml; * marks the one in use):",
+    ]
+    for group in cfg:
+        if (SHIPPED / "conf" / str(group)).is_dir():
+            names = sorted(
+                {p.stem for d in (SHIPPED / "conf", user_config_dir()) for p in _yamls(d, group)}
+            )
+            marked = [f"{n}*" if n == choices.get(group) else n for n in names]
+            lines.append(f"  {group}: {', '.join(marked)}")
+    lines += [
+        f"  (also found in {user_config_dir()}/GROUP/, where calibrate writes hardware configs)",
+        "",
+        "Settings (SETTING=VALUE):",
+        *settings(cfg),
+    ]
+    return "\n".join(lines)
+
+
+def _yamls(conf: Path, group: object) -> list[Path]:
+    return list((conf / str(group)).glob("*.yaml"))
+
+
+def settings(node: DictConfig, prefix: str = "") -> list[str]:
+    """A line per setting of a structured config node: its own first, then those of its
+    nested dataclasses (the config groups')."""
+    kind = OmegaConf.get_type(node)
+    described = descriptions(kind) if isinstance(kind, type) else {}
+    values = OmegaConf.to_container(node, resolve=False)
+    assert isinstance(values, dict)
+    lines, nested = [], []
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            nested += settings(child, f"{prefix}{key}.")
+            continue
+        setting = f"  {prefix}{key}={_value(values[key])}"
+        line = f"{setting}{' ' * max(_WIDTH - len(setting), 2)}{described.get(str(key), '')}"
+        lines.append(line.rstrip() if len(line) <= _LINE else f"{line[: _LINE - 1]}…")
+    return lines + nested
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = str(value).lower()
+    else:
+        text = str(value).replace(", ", ",")
+    return text if len(text) <= 24 else f"{text[:23]}…"
+
+
+def descriptions(kind: type) -> dict[str, str]:
+    """Field name -> the first sentence of the docstring under the field, over the
+    dataclass and its bases."""
+    found: dict[str, str] = {}
+    for cls in reversed(kind.__mro__):
+        if not dataclasses.is_dataclass(cls):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for field, after in zip(body, body[1:], strict=False):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                found[field.target.id] = first_sentence(after.value.value)
+    return found
+
+
+def first_sentence(doc: str) -> str:
+    text = " ".join(doc.split()).replace("e.g. ", "e.g.\0").replace("i.e. ", "i.e.\0")
+    end = text.find(". ")
+    return (text if end < 0 else text[: end + 1]).replace("\0", " ")
