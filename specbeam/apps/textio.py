@@ -134,7 +134,7 @@ class ResumableOutput:
             self.stream = sys.stdout
             return
         if _special(path):
-            self.stream = _open(path, path, "w")
+            self.stream = _open(path, path, "a")  # what a shell sent there before stays
             return
         self.path = Path(os.path.realpath(path))
         self.partial = self.path.with_name(self.path.name + ".partial")
@@ -226,7 +226,11 @@ def uninterrupted() -> Iterator[None]:
 
 
 def _special(path: str) -> bool:
-    """Whether `path` exists and is not a regular file (after symlinks)."""
+    """Whether `path` exists and is not a regular file (after symlinks), or is in /dev or
+    /proc: /dev/stdout is a regular file when the shell redirects it to one (`> out.en`,
+    `>> log`), and that file must be written through the shell's descriptor."""
+    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        return True
     try:
         return not stat.S_ISREG(os.stat(path).st_mode)
     except OSError:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -206,3 +209,18 @@ def test_ctrl_c_waits_until_a_write_is_whole() -> None:
         stop.set()
         other.join()
     assert steps == ["after the signal"]
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_through_the_redirection(tmp_path) -> None:
+    """`output=/dev/stdout >> log`: appended to, not truncated, replaced or renamed over."""
+    log = tmp_path / "log.txt"
+    log.write_text("previous\n")
+    code = (
+        "from specbeam.apps.textio import ResumableOutput\n"
+        "out = ResumableOutput('/dev/stdout', {})\nout.write(['one'])\nout.finish()"
+    )
+    with open(log, "a") as stdout:
+        repo = Path(__file__).resolve().parents[2]
+        subprocess.run([sys.executable, "-c", code], cwd=repo, stdout=stdout, check=True)
+    assert log.read_text() == "previous\none\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["log.txt"]
