@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +81,33 @@ def translate_nbest(
     A source longer than the model accepts is cut to its first tokens (its end-of-sentence
     kept) and translated; `on_truncate` gets the indices of such sources.
     """
+    outputs: list[list[Translation]] = [[] for _ in sources]
+    for batch, out, translations in translate_batches(
+        generator, tokenizer, sources, src_lang, tgt_lang, nbest=nbest, max_tokens=max_tokens,
+        on_truncate=on_truncate,
+    ):  # fmt: skip
+        for i, hyps in zip(batch, translations, strict=True):
+            outputs[i] = hyps
+        if on_batch is not None:
+            on_batch(batch, out)
+    return outputs
+
+
+def translate_batches(
+    generator: Seq2SeqGenerator,
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    nbest: int,
+    max_tokens: int = 2048,
+    on_truncate: Callable[[list[int]], None] | None = None,
+    order: Callable[[list[list[int]]], list[list[int]]] | None = None,
+) -> Iterator[tuple[list[int], SequenceGeneratorOutput, list[list[Translation]]]]:
+    """`translate_nbest` batch by batch, as each is decoded: its source indices, the
+    generator's output and their translations. `order` may reorder the length-sorted
+    batches or drop some; a batch's members, and so its outputs, stay as they are."""
     decode = tokenizer.create_decoder(skip_special_tokens=True)
     pad_idx = tokenizer.vocab_info.pad_idx or 0
     prompt = target_prompt(tokenizer, tgt_lang)
@@ -91,16 +118,16 @@ def translate_nbest(
         tokens[i] = torch.cat([tokens[i][: limit - 1], tokens[i][-1:]])
     if long and on_truncate is not None:
         on_truncate(long)
-    outputs: list[list[Translation]] = [[] for _ in sources]
-    for batch in token_batches([len(t) for t in tokens], max_tokens):
+    batches = token_batches([len(t) for t in tokens], max_tokens)
+    for batch in batches if order is None else order(batches):
         src, src_layout = pad([tokens[i] for i in batch], pad_idx)
         prompts, prompt_layout = pad([prompt] * len(batch), pad_idx)
         out = generator(src, src_layout, prompts, prompt_layout)
-        for i, hyps in zip(batch, out.hypotheses, strict=True):
-            outputs[i] = [
+        translations = [
+            [
                 Translation(decode(h.seq), None if h.score is None else float(h.score))
                 for h in hyps[:nbest]
             ]
-        if on_batch is not None:
-            on_batch(batch, out)
-    return outputs
+            for hyps in out.hypotheses
+        ]
+        yield batch, out, translations

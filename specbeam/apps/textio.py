@@ -7,16 +7,30 @@ import hashlib
 import json
 import os
 import select
+import signal
+import stat
 import sys
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 from typing import TextIO
 
 
+class UnreadableInput(ValueError):
+    """A line that is not UTF-8 (with input_errors=strict); `lines` are the ones before it,
+    which a job translates and writes before it stops, and `count` all the input's lines."""
+
+    def __init__(self, message: str, lines: list[str], count: int | None = None) -> None:
+        super().__init__(message)
+        self.lines, self.count = lines, count
+
+
 def read_lines(path: str, errors: str = "strict") -> list[str]:
     """A file's lines, separated by '\\n' only (a stray '\\r' or U+2028 does not split a
-    line), so the output has exactly one line per input line. Invalid UTF-8 names its line."""
+    line), so the output has exactly one line per input line; a leading byte order mark
+    is not text. Invalid UTF-8 names its line (`UnreadableInput`)."""
     _check_errors(errors)
     try:
         data = Path(path).read_bytes()
@@ -26,10 +40,14 @@ def read_lines(path: str, errors: str = "strict") -> list[str]:
     if lines[-1] == b"":
         lines.pop()
     starts = accumulate((len(line) + 1 for line in lines), initial=0)
-    return [
-        _decode(line, path, number, errors, start)
-        for number, (line, start) in enumerate(zip(lines, starts, strict=False), start=1)
-    ]
+    decoded: list[str] = []
+    try:
+        for number, (line, start) in enumerate(zip(lines, starts, strict=False), start=1):
+            decoded.append(_decode(line, path, number, errors, start))
+    except UnreadableInput as error:
+        error.lines, error.count = _without_bom(decoded), len(lines)
+        raise
+    return _without_bom(decoded)
 
 
 def stream_lines(fd: int, errors: str, max_lines: int) -> Iterator[list[str]]:
@@ -37,7 +55,8 @@ def stream_lines(fd: int, errors: str, max_lines: int) -> Iterator[list[str]]:
     arrive: each time at least one complete line is there, the complete lines that can
     be read without waiting, up to `max_lines`. So a filter answers each line typed or
     sent alone at once, and batches fill up when the input comes faster than it is
-    translated; no timer to tune. The last line may lack its '\\n'."""
+    translated; no timer to tune. The last line may lack its '\\n'. Invalid UTF-8:
+    the lines before it come first, then `UnreadableInput`."""
     _check_errors(errors)
     pending = bytearray()
     number = 0
@@ -55,8 +74,25 @@ def stream_lines(fd: int, errors: str, max_lines: int) -> Iterator[list[str]]:
             return
         *complete, rest = pending.split(b"\n", max_lines)  # the rest may hold more lines
         pending = bytearray(rest)
-        yield [_decode(line, "<stdin>", number + k, errors) for k, line in enumerate(complete, 1)]
+        decoded: list[str] = []
+        unreadable: UnreadableInput | None = None
+        try:
+            for line in complete:
+                decoded.append(_decode(line, "<stdin>", number + len(decoded) + 1, errors))
+        except UnreadableInput as error:
+            unreadable = error
+        if decoded:
+            yield decoded if number else _without_bom(decoded)
+        if unreadable is not None:
+            raise unreadable
         number += len(complete)
+
+
+def _without_bom(lines: list[str]) -> list[str]:
+    """A UTF-8 byte order mark opening the first line is an encoding marker, not text."""
+    if lines and lines[0].startswith("\ufeff"):
+        lines[0] = lines[0][1:]
+    return lines
 
 
 def _readable(fd: int) -> bool:
@@ -73,9 +109,10 @@ def _decode(line: bytes, path: str, number: int, errors: str, start: int | None 
         text = line.decode("utf-8", errors=errors)
     except UnicodeDecodeError as error:
         where = "" if start is None else f" (byte {start + error.start} of the file)"
-        raise ValueError(
+        raise UnreadableInput(
             f"{path}:{number}: invalid UTF-8 at byte {error.start} of the line{where}; "
-            "set input_errors=replace to translate it with U+FFFD in place"
+            "set input_errors=replace to translate it with U+FFFD in place",
+            [],
         ) from None
     return text.removesuffix("\r")
 
@@ -83,22 +120,27 @@ def _decode(line: bytes, path: str, number: int, errors: str, start: int | None 
 class ResumableOutput:
     """Writes lines to `<output>.partial`, flushed chunk by chunk, and renames it to
     `<output>` when complete, so a partial file never looks complete. A rerun with the
-    same output path continues after the last complete line."""
+    same output path continues after the last complete line. A symlink is followed (the
+    partial file lies beside its target); an existing file that is not a regular one (a
+    FIFO, a device, /dev/stdout) and stdout (-) are written straight through: nothing
+    to rename, so nothing to resume (`partial` is None)."""
 
     def __init__(self, path: str, job: dict) -> None:
         self.stream: TextIO
         self.done = 0
-        self.path = None if path == "-" else Path(path)
-        if self.path is None:
+        self.name = "stdout" if path == "-" else path
+        self.partial: Path | None = None
+        if path == "-":
             self.stream = sys.stdout
             return
+        if _special(path):
+            self.stream = _open(path, path, "a")  # what a shell sent there before stays
+            return
+        self.path = Path(os.path.realpath(path))
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.sidecar = self.path.with_name(self.path.name + ".partial.json")
         resumed = self.partial.exists()
-        try:
-            self.stream = open(self.partial, "a", encoding="utf-8")
-        except OSError as error:
-            raise ValueError(f"cannot write output {path}: {error.strerror}") from None
+        self.stream = _open(self.partial, path, "a")
         try:  # two jobs appending to one file would interleave their lines
             fcntl.flock(self.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -129,7 +171,7 @@ class ResumableOutput:
 
     def truncate_to(self, count: int) -> None:
         """Drops lines beyond `count` (a companion file written ahead of the output)."""
-        if self.path is None or self.done <= count:
+        if self.partial is None or self.done <= count:
             return
         self.stream.flush()
         data = self.partial.read_bytes()
@@ -140,22 +182,68 @@ class ResumableOutput:
         self.done = count
 
     def write(self, lines: list[str]) -> None:
-        self.stream.writelines(line + "\n" for line in lines)
-        self.stream.flush()
-        if self.path is not None:
-            os.fsync(self.stream.fileno())
-        self.done += len(lines)
+        with uninterrupted():  # `done` counts the lines out, to the end of the last
+            try:
+                self.stream.writelines(line + "\n" for line in lines)
+                self.stream.flush()
+                if self.partial is not None:
+                    os.fsync(self.stream.fileno())
+            except OSError as error:
+                raise ValueError(f"cannot write output {self.name}: {error.strerror}") from None
+            self.done += len(lines)
 
     def finish(self) -> None:
-        if self.path is None:
+        if self.partial is None:
+            self.close()
             return
         self.stream.close()
         os.replace(self.partial, self.path)
         self.sidecar.unlink()
 
     def close(self) -> None:
-        if self.path is not None and not self.stream.closed:
-            self.stream.close()
+        if self.stream is not sys.stdout and not self.stream.closed:
+            try:
+                self.stream.close()
+            except OSError:  # its unflushed lines were reported by `write`
+                pass
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C (SIGINT) waits until the block is done: output written, and counted, whole.
+    (A signal mask would not do: another thread, torch's or tqdm's, takes the signal.)"""
+    if threading.current_thread() is not threading.main_thread():  # signals go to main
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, _: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
+
+
+def _special(path: str) -> bool:
+    """Whether `path` exists and is not a regular file (after symlinks), or is in /dev or
+    /proc: /dev/stdout is a regular file when the shell redirects it to one (`> out.en`,
+    `>> log`), and that file must be written through the shell's descriptor."""
+    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _open(path: Path | str, output: str, mode: str) -> TextIO:
+    """`path` opened for the output named `output`, or a one-line error naming both."""
+    try:
+        return open(path, mode, encoding="utf-8")
+    except OSError as error:
+        via = "" if str(path) == output else f": cannot create {path}"
+        raise ValueError(f"cannot write output {output}{via}: {error.strerror}") from None
 
 
 def _truncate_to_complete_lines(path: Path) -> int:

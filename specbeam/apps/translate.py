@@ -4,6 +4,7 @@ python -m specbeam.translate input=src.es output=out.en
 echo "En el principio crió Dios los cielos y la tierra." | python -m specbeam.translate
 python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam search
 python -m specbeam.translate compare=beam ...        # and print the speedup over it
+python -m specbeam.translate "compare='beam:beam_size=4'" ...  # Hydra needs the inner quotes
 python -m specbeam.translate output_format=jsonl nbest=3 ...   # n-best lists, scores, stats
 python -m specbeam.translate -m hydra/launcher=joblib shard=0/2,1/2 input=src.es output=out.en
 python scripts/merge_shards.py --input src.es --output out.en   # joins out.en.shard-*-of-2
@@ -17,15 +18,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import hydra
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
+from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from specbeam.apps.app import (
@@ -37,14 +40,24 @@ from specbeam.apps.app import (
     shard_range,
 )
 from specbeam.apps.compare import MethodRun, run_side_by_side
-from specbeam.apps.decoding import load_decoding, make_generator
-from specbeam.apps.inference import Translation, translate_nbest
+from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
+from specbeam.apps.inference import Translation, translate_batches
 from specbeam.apps.split import Split, Splitter, flatten, join
-from specbeam.apps.textio import ResumableOutput, job_fingerprint, read_lines, stream_lines
+from specbeam.apps.textio import (
+    ResumableOutput,
+    UnreadableInput,
+    job_fingerprint,
+    read_lines,
+    stream_lines,
+    uninterrupted,
+)
 from specbeam.paths import SHIPPED
 from specbeam.search.stats import SpeculativeGeneratorOutput
 
 log = logging.getLogger("specbeam.translate")
+
+_SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperature")
+"""Decoding settings that define the task rather than the search: compare= keeps them."""
 
 
 @dataclass(kw_only=True)
@@ -52,6 +65,9 @@ class TranslateConfig(PipelineConfig):
     input: str = "-"
     """A file, or - : standard input, translated as its lines arrive."""
     output: str = "-"
+    """A file (through a symlink, its target), written as `<output>.partial` and renamed
+    when complete so that a rerun resumes; or - (stdout), or an existing FIFO or device,
+    written straight through (not resumable)."""
     output_format: str = "text"
     """text: each line's translation; jsonl: one JSON object per input line with its
     n-best list, scores and search statistics (`line_object`), for pipelines."""
@@ -61,8 +77,9 @@ class TranslateConfig(PipelineConfig):
     stats_file: str | None = None
     """Optional JSONL with one record of statistics per input line."""
     chunk_lines: int = 256
-    """Lines translated, then written and flushed, at a time (the resume granularity);
-    from stdin, at most this many of the lines that have arrived."""
+    """Lines batched together, then written and flushed, at a time; an interrupt writes
+    the chunk's finished lines up to its first unfinished one. From stdin, at most this
+    many of the lines that have arrived."""
     shard: str = "0/1"
     """i/n: translate only the i-th of n contiguous blocks of the input file, into
     `<output>.shard-i-of-n` (and `<stats_file>.shard-i-of-n`), so that one command swept
@@ -70,7 +87,8 @@ class TranslateConfig(PipelineConfig):
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
     compare: str | None = None
-    """A decoding (e.g. beam) to time against this one afterwards on the same lines (the
+    """A decoding (e.g. beam, or "compare='beam:beam_size=4'" quoted so, as Hydra's grammar
+    needs) to time against this one afterwards on the same lines (the
     same pieces of split lines), one at a time, interleaved: prints the speedup and how
     many outputs are identical."""
     split_above_tokens: int = 50
@@ -105,22 +123,58 @@ class TranslateConfig(PipelineConfig):
                 f"shard={self.shard} needs input=FILE: stdin is streamed, and every shard must "
                 "read the same lines"
             )
+        for setting, path in (("output", self.output), ("stats_file", self.stats_file)):
+            if path is None or "-" in (self.input, path):
+                continue
+            if _same_file(self.input, shard_path(path, self.shard)):
+                raise ValueError(
+                    f"{setting}={path} is the input file: choose another {setting} (it "
+                    "would overwrite the text being translated)"
+                )
+        if self.compare is not None:
+            self.baseline()
+
+    def baseline(self) -> DecodingConfig:
+        """compare='s decoding with this run's length and scoring settings (`_SHARED`)."""
+        assert self.compare is not None
+        try:
+            loaded = load_decoding(self.compare)
+        except (ValueError, OmegaConfBaseException) as error:
+            reason = str(error).removeprefix("methods: ").splitlines()[0]
+            raise ValueError(f"compare={self.compare} is invalid: {reason}") from None
+        shared = {f: getattr(self.decoding, f) for f in _SHARED}
+        baseline = dataclasses.replace(loaded, **shared)  # type: ignore[arg-type]
+        if baseline.speculative:
+            raise ValueError(
+                f"compare={self.compare} is speculative: compare with a plain decoding"
+            )
+        return baseline
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (through symlinks), existing or not."""
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 ConfigStore.instance().store(name="translate_schema", node=TranslateConfig)
-
-_SHARED = ("len_penalty", "min_gen_len", "max_gen_len", "unk_penalty", "temperature")
-"""Decoding settings that define the task rather than the search: compare= keeps them."""
 
 
 def translate(cfg: TranslateConfig) -> None:
     cfg.check()
     lines: list[str] | None = None  # stdin: streamed, its length unknown
     first = 0  # lines before this shard's
+    total: int | None = None
+    unreadable: UnreadableInput | None = None  # a line that is not UTF-8
     if cfg.input != "-":
-        every_line = read_lines(cfg.input, cfg.input_errors)
-        first, end = shard_range(cfg.shard, len(every_line))
-        lines = every_line[first:end]
+        try:
+            every_line = read_lines(cfg.input, cfg.input_errors)
+            count = len(every_line)
+        except UnreadableInput as error:  # the lines before it are translated, then it ends
+            every_line, count, unreadable = error.lines, error.count, error
+        first, end = shard_range(cfg.shard, count)
+        if len(every_line) >= end:  # none in this shard
+            unreadable = None
+        lines, total = every_line[first:end], end - first
     tokenizer, generator = cfg.build()
     splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
     output = shard_path(cfg.output, cfg.shard)
@@ -132,42 +186,44 @@ def translate(cfg: TranslateConfig) -> None:
         stats.truncate_to(out.done)
     if out.done:
         print(f"resuming {output} after line {out.done}", file=sys.stderr)
-    chunks: Iterable[list[str]]
+    step = cfg.chunk_lines
+    chunks: Iterable[tuple[int, list[str]]]  # each with the number of lines before it
     if lines is None:
-        arriving = stream_lines(sys.stdin.fileno(), cfg.input_errors, cfg.chunk_lines)
-        chunks = _skip(arriving, out.done)
-    else:
-        chunks = (
-            lines[b : b + cfg.chunk_lines] for b in range(out.done, len(lines), cfg.chunk_lines)
-        )
-    total = None if lines is None else len(lines)
+        arriving = stream_lines(sys.stdin.fileno(), cfg.input_errors, step)
+        chunks = _numbered(_skip(arriving, out.done), out.done)
+    else:  # the chunks of an uninterrupted run, so that their batches, and output, are its
+        start = out.done - out.done % step
+        chunks = ((b, lines[b : b + step]) for b in range(start, len(lines), step))
     bar = tqdm(total=total, initial=out.done, unit="line", file=sys.stderr, disable=output == "-")
     split_lines: list[dict] = []
     translated: list[str] = []  # for compare=
+    writer = InOrderWriter(out, stats)
+
+    def finished(i: int, text: str, record: dict) -> None:
+        writer.add(i, text, record)
+        bar.update(1)  # as lines finish, not chunks
+
     try:
-        for chunk in chunks:
-            texts, records = translate_chunk(
-                cfg, tokenizer, generator, splitter, chunk, 0, first + out.done
-            )
-            split_lines += [r for r in records if "pieces" in r]
+        for before, chunk in chunks:
+            written = max(0, out.done - before)
+            writer.start(written)
+            translate_chunk(
+                cfg, tokenizer, generator, splitter, chunk, 0, first + before,
+                written=written, on_line=finished,
+            )  # fmt: skip
+            split_lines += [r for r in writer.flush() if "pieces" in r]
             if cfg.compare:
-                translated += chunk
-            if stats is not None:
-                stats.write([json.dumps(r) for r in records])
-            out.write(texts)
-            bar.update(len(texts))
+                translated += chunk[written:]
     except KeyboardInterrupt:
-        where = "stdout" if output == "-" else f"{out.partial}"
-        of = "" if total is None else f" of {total}"
-        raise SystemExit(
-            f"interrupted: {out.done}{of} lines are in {where}; "
-            "run the same command again to continue"
-        ) from None
+        writer.flush()
+        raise SystemExit(f"interrupted: {_kept(out, total)}") from None
     finally:
         bar.close()
         out.close()
         if stats is not None:
             stats.close()
+    if unreadable is not None:  # the lines before it are written
+        raise unreadable
     out.finish()
     if stats is not None:
         stats.finish()
@@ -176,6 +232,57 @@ def translate(cfg: TranslateConfig) -> None:
     if cfg.compare:
         pieces = [p for t in translated if t.strip() for p in splitter(t).pieces]
         print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)
+
+
+class InOrderWriter:
+    """Writes a chunk's finished lines, which come out of order (batches are sorted by
+    length), as the unbroken run from its first unwritten line: at the chunk's end all of
+    them, on an interrupt what can be kept. The stats file is written first, so it is
+    never behind the output (a resume cuts it back to the output's lines)."""
+
+    def __init__(self, out: ResumableOutput, stats: ResumableOutput | None) -> None:
+        self.out, self.stats = out, stats
+        self.next = 0
+        self.ready: dict[int, tuple[str, dict]] = {}
+
+    def start(self, written: int) -> None:
+        """A new chunk whose first `written` lines are in the output already."""
+        self.next, self.ready = written, {}
+
+    def add(self, i: int, text: str, record: dict) -> None:
+        self.ready[i] = (text, record)
+
+    def flush(self) -> list[dict]:
+        """Writes the run of finished lines from the first unwritten; their records."""
+        run = []
+        with uninterrupted():  # the lines taken are written to both files
+            while self.next in self.ready:
+                run.append(self.ready.pop(self.next))
+                self.next += 1
+            if run and self.stats is not None:
+                self.stats.write([json.dumps(record) for _, record in run])
+            if run:
+                self.out.write([text for text, _ in run])
+        return [record for _, record in run]
+
+
+def _kept(out: ResumableOutput, total: int | None) -> str:
+    """What an interrupted run leaves, and whether a rerun continues it."""
+    of = "" if total is None else f" of {total}"
+    if out.name == "stdout":
+        return f"{out.done}{of} lines were written to stdout"
+    if out.partial is None:
+        return (
+            f"{out.done}{of} lines were written to {out.name} (not resumable: not a regular file)"
+        )
+    return f"{out.done}{of} lines are in {out.partial}; run the same command again to continue"
+
+
+def _numbered(chunks: Iterable[list[str]], before: int) -> Iterator[tuple[int, list[str]]]:
+    """Each chunk with the number of lines before it."""
+    for chunk in chunks:
+        yield before, chunk
+        before += len(chunk)
 
 
 def _skip(chunks: Iterable[list[str]], count: int) -> Iterator[list[str]]:
@@ -209,11 +316,9 @@ def compare_line(
 ) -> str:
     """Decodes `texts` with both decodings, batch by batch in turn (same models, inputs
     and threads), and says how they compare. The baseline keeps this run's length and
-    scoring settings; its search (and beam size) is its own, e.g. `beam:beam_size=4`."""
-    shared = {f: getattr(cfg.decoding, f) for f in _SHARED}
-    baseline = dataclasses.replace(load_decoding(cfg.compare), **shared)  # type: ignore[arg-type]
-    if baseline.speculative:
-        raise ValueError(f"compare={cfg.compare} is speculative: compare with a plain decoding")
+    scoring settings; its search (and beam size) is its own, e.g.
+    `"compare='beam:beam_size=4'"` (quoted for Hydra: its values cannot hold a bare `=`)."""
+    baseline = cfg.baseline()
     runs = [
         MethodRun(
             cfg.compare,
@@ -247,11 +352,20 @@ def translate_chunk(
     lines: list[str],
     begin: int,
     line_offset: int,
+    *,
+    written: int = 0,
+    on_line: Callable[[int, str, dict], None] | None = None,
 ) -> tuple[list[str], list[dict]]:
     """Translates lines [begin, begin + chunk_lines): output lines (in
     `cfg.output_format`) and per-line records (numbered in the whole input: these lines
-    start after `line_offset` lines). The pieces of all lines go to `translate_nbest`
-    together, so that split lines share batches."""
+    start after `line_offset` lines). The pieces of all lines go to `translate_batches`
+    together, so that split lines share batches; a chunk's batches, and so its output,
+    do not depend on how much of it an interrupted run wrote.
+
+    Batches go in the order of the first line they hold, so that lines finish as nearly
+    in order as length-sorted batches allow; `on_line(i, output line, record)` is called
+    as line i finishes. The first `written` lines (an interrupted run's) are not wanted:
+    batches of theirs alone are skipped, and they get no call (nor a return value)."""
     chunk = lines[begin : begin + cfg.chunk_lines]
     todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
     splits = [splitter(chunk[i]) for i in todo]
@@ -260,24 +374,20 @@ def translate_chunk(
     number = [line_offset + begin + i + 1 for i in todo]  # index in todo -> line number
     seconds: list[float] = []  # per batch
     decoded: list[dict] = [{} for _ in pieces]  # per piece: its batch and search counts
-    last = time.perf_counter()
+    translations: list[list[Translation]] = [[] for _ in pieces]
+    left = [b - a for a, b in zip(starts, starts[1:], strict=False)]  # pieces still to decode
+    texts = [""] * len(chunk)
+    records = [{"line": line_offset + begin + i + 1, "blank": True} for i in range(len(chunk))]
+    objects = [line_object(r, "", [], []) for r in records]
 
-    def on_batch(batch: list[int], result: SequenceGeneratorOutput) -> None:
-        nonlocal last
-        now = time.perf_counter()
-        seconds.append(now - last)
-        for row, p in enumerate(batch):
-            piece = {"batch": len(seconds) - 1, "batch_size": len(batch)}
-            if isinstance(result, SpeculativeGeneratorOutput):
-                if result.stats.plain_sources:  # a batch that ran plain beam search
-                    piece["plain"] = True
-                else:
-                    piece["target_passes"] = result.stats.passes_per_source[row]
-                    piece["steps"] = result.stats.steps_per_source[row]
-            else:  # a decoding without a draft
-                piece["plain"] = True
-            decoded[p] = piece
-        last = now
+    def output(i: int) -> str:
+        return (
+            json.dumps(objects[i], ensure_ascii=False) if cfg.output_format == "jsonl" else texts[i]
+        )
+
+    def order(batches: list[list[int]]) -> list[list[int]]:
+        wanted = [b for b in batches if any(todo[owner[p]] >= written for p in b)]
+        return sorted(wanted, key=lambda b: min(todo[owner[p]] for p in b))
 
     def on_truncate(indices: list[int]) -> None:
         numbers = ", ".join(str(number[k]) for k in sorted({owner[p] for p in indices}))
@@ -289,21 +399,45 @@ def translate_chunk(
             limit,
         )
 
-    translations = translate_nbest(
+    for i in range(written, len(chunk)):
+        if on_line is not None and not chunk[i].strip():
+            on_line(i, output(i), records[i])
+    last = time.perf_counter()
+    for batch, result, hyps in translate_batches(
         generator, tokenizer, pieces, cfg.task.src_lang, cfg.task.tgt_lang, nbest=cfg.nbest,
-        max_tokens=cfg.hardware.batch_tokens, on_batch=on_batch, on_truncate=on_truncate,
-    )  # fmt: skip
-    texts = [""] * len(chunk)
-    records = [{"line": line_offset + begin + i + 1, "blank": True} for i in range(len(chunk))]
-    objects = [line_object(r, "", [], []) for r in records]
-    for k, i in enumerate(todo):
-        a, b = starts[k], starts[k + 1]
-        texts[i] = join([hyps[0].text for hyps in translations[a:b]])
-        records[i] = line_record(number[k], splits[k], decoded[a:b], seconds)
-        objects[i] = line_object(records[i], texts[i], splits[k].pieces, translations[a:b])
-    if cfg.output_format == "jsonl":
-        return [json.dumps(o, ensure_ascii=False) for o in objects], records
-    return texts, records
+        max_tokens=cfg.hardware.batch_tokens, on_truncate=on_truncate, order=order,
+    ):  # fmt: skip
+        now = time.perf_counter()
+        seconds.append(now - last)
+        last = now
+        for row, p in enumerate(batch):
+            translations[p] = hyps[row]
+            decoded[p] = piece_record(len(seconds) - 1, len(batch), result, row)
+        for k in sorted({owner[p] for p in batch}):
+            left[k] -= sum(owner[p] == k for p in batch)
+            if left[k] or todo[k] < written:
+                continue
+            i, a, b = todo[k], starts[k], starts[k + 1]
+            texts[i] = join([h[0].text for h in translations[a:b]])
+            records[i] = line_record(number[k], splits[k], decoded[a:b], seconds)
+            objects[i] = line_object(records[i], texts[i], splits[k].pieces, translations[a:b])
+            if on_line is not None:
+                on_line(i, output(i), records[i])
+    return [output(i) for i in range(len(chunk))], records
+
+
+def piece_record(batch: int, size: int, result: SequenceGeneratorOutput, row: int) -> dict:
+    """A decoded piece's batch and, where speculation ran on it, its search counts."""
+    piece: dict = {"batch": batch, "batch_size": size}
+    if isinstance(result, SpeculativeGeneratorOutput):
+        if result.stats.plain_sources:  # a batch that ran plain beam search
+            piece["plain"] = True
+        else:
+            piece["target_passes"] = result.stats.passes_per_source[row]
+            piece["steps"] = result.stats.steps_per_source[row]
+    else:  # a decoding without a draft
+        piece["plain"] = True
+    return piece
 
 
 def line_object(
@@ -354,6 +488,10 @@ def main(cfg: TranslateConfig) -> None:
 
 
 def cli() -> None:
-    """The command line (`app.before_hydra`)."""
+    """The command line (`app.before_hydra`). fairseq2's progress bar for loading (or
+    downloading) a model ends with a newline even where it drew nothing: stderr that is
+    not a terminal would start with a blank line, so it is off there."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("FAIRSEQ2_NO_PROGRESS", "1")
     before_hydra(sys.argv[1:])
     main()

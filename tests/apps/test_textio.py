@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 
-from specbeam.apps.textio import ResumableOutput, read_lines, stream_lines
+from specbeam.apps.textio import (
+    ResumableOutput,
+    UnreadableInput,
+    read_lines,
+    stream_lines,
+    uninterrupted,
+)
 
 
 def test_lines_split_on_newline_only(tmp_path) -> None:
@@ -22,6 +32,26 @@ def test_invalid_utf8_names_line_and_byte(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"bad.txt:2: invalid UTF-8 at byte 3 of the line"):
         read_lines(str(path))
     assert read_lines(str(path), errors="replace") == ["ok", "abc\ufffddef"]
+
+
+def test_invalid_utf8_keeps_the_lines_before_it(tmp_path) -> None:
+    """A job translates and writes them before it stops."""
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"ok\nfine\nabc\xffdef\nlast\n")
+    with pytest.raises(UnreadableInput) as error:
+        read_lines(str(path))
+    assert error.value.lines == ["ok", "fine"] and error.value.count == 4
+
+
+def test_a_leading_byte_order_mark_is_not_text(tmp_path) -> None:
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffHola.\n\ufeffY\n".encode())
+    assert read_lines(str(path)) == ["Hola.", "\ufeffY"]
+    read_end, write_end = os.pipe()
+    os.write(write_end, "\ufeffHola.\n".encode())
+    os.close(write_end)
+    assert list(stream_lines(read_end, "strict", max_lines=10)) == [["Hola."]]
+    os.close(read_end)
 
 
 def test_streamed_lines_come_as_they_arrive_in_batches_of_what_is_there() -> None:
@@ -50,12 +80,15 @@ def test_streamed_lines_come_as_they_arrive_in_batches_of_what_is_there() -> Non
             os.close(write_end)
 
 
-def test_invalid_utf8_on_stdin_names_its_line() -> None:
+def test_invalid_utf8_on_stdin_names_its_line_after_the_lines_before_it() -> None:
+    """The valid lines read with the bad one come first: the job translates them."""
     read_end, write_end = os.pipe()
-    os.write(write_end, b"ok\n\nab\xff\n")
+    os.write(write_end, b"ok\n\nab\xff\nnever\n")
     os.close(write_end)
+    lines = stream_lines(read_end, "strict", max_lines=10)
+    assert next(lines) == ["ok", ""]
     with pytest.raises(ValueError, match=r"^<stdin>:3: invalid UTF-8 at byte 2 of the line; set"):
-        list(stream_lines(read_end, "strict", max_lines=10))
+        next(lines)
     os.close(read_end)
 
 
@@ -107,3 +140,87 @@ def test_a_second_job_writing_the_same_output_is_refused(tmp_path) -> None:
     assert second.done == 2
     second.finish()
     assert target.read_text() == "one\ntwo\n"
+
+
+def test_a_symlinked_output_writes_its_target(tmp_path) -> None:
+    """The link stays a link; the partial file lies beside the file it points to."""
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "out.txt"
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    out = ResumableOutput(str(link), {"input": "x"})
+    out.write(["one"])
+    assert (tmp_path / "real" / "out.txt.partial").exists()
+    assert not (tmp_path / "link.txt.partial").exists()
+    out.finish()
+    assert link.is_symlink() and real.read_text() == "one\n"
+
+
+def test_a_fifo_output_is_written_straight_through(tmp_path) -> None:
+    """No partial file to rename over it (which would replace the FIFO and leave its
+    reader waiting): the lines go to the reader, and the FIFO stays."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.extend(open(fifo).read().splitlines()))
+    reader.start()
+    out = ResumableOutput(str(fifo), {"input": "x"})
+    assert out.partial is None
+    out.write(["one", "two"])
+    out.finish()
+    reader.join(timeout=30)
+    assert received == ["one", "two"] and fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+def test_an_output_whose_partial_file_cannot_be_made_names_it(tmp_path) -> None:
+    """E.g. /proc/version: the file exists, but nothing can be created beside it."""
+    (tmp_path / "a_file").write_text("")
+    target = tmp_path / "a_file" / "out.txt"
+    with pytest.raises(
+        ValueError,
+        match=rf"^cannot write output {target}: cannot create {target}.partial: Not a directory$",
+    ):
+        ResumableOutput(str(target), {"input": "x"})
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_device_output_is_written_straight_through_and_its_errors_named() -> None:
+    out = ResumableOutput("/dev/full", {"input": "x"})
+    with pytest.raises(
+        ValueError, match="^cannot write output /dev/full: No space left on device$"
+    ):
+        out.write(["one"])
+    out.close()
+
+
+def test_ctrl_c_waits_until_a_write_is_whole() -> None:
+    """Even with other threads running (torch's, tqdm's), which a signal mask would not
+    cover: the block ends, then KeyboardInterrupt."""
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    steps = []
+    try:
+        with pytest.raises(KeyboardInterrupt), uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("after the signal")
+    finally:
+        stop.set()
+        other.join()
+    assert steps == ["after the signal"]
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_through_the_redirection(tmp_path) -> None:
+    """`output=/dev/stdout >> log`: appended to, not truncated, replaced or renamed over."""
+    log = tmp_path / "log.txt"
+    log.write_text("previous\n")
+    code = (
+        "from specbeam.apps.textio import ResumableOutput\n"
+        "out = ResumableOutput('/dev/stdout', {})\nout.write(['one'])\nout.finish()"
+    )
+    with open(log, "a") as stdout:
+        repo = Path(__file__).resolve().parents[2]
+        subprocess.run([sys.executable, "-c", code], cwd=repo, stdout=stdout, check=True)
+    assert log.read_text() == "previous\none\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["log.txt"]

@@ -97,7 +97,8 @@ def test_stdin_to_stdout_and_clear_errors(tmp_path) -> None:
     unwritable = run(tmp_path, f"output={tmp_path}/a_file/out.en", input="Hola.\n")
     assert unwritable.returncode != 0
     assert (
-        f"error: cannot write output {tmp_path}/a_file/out.en: Not a directory" in unwritable.stderr
+        f"error: cannot write output {tmp_path}/a_file/out.en: cannot create "
+        f"{tmp_path}/a_file/out.en.partial: Not a directory" in unwritable.stderr
     )
     bad_format = run(tmp_path, "output_format=xml")
     assert bad_format.stderr.strip() == "error: output_format=xml is invalid: allowed: text, jsonl"
@@ -137,12 +138,16 @@ def test_stdin_is_translated_as_lines_arrive(tmp_path, source_file) -> None:
     assert [first, *rest] == reference.read_text(encoding="utf-8").splitlines(keepends=True)
 
 
-def _start(tmp_path: Path, source: Path, output: Path, from_stdin: bool) -> subprocess.Popen:
-    """translate of `source` (or of stdin reading it) into `output`, 10 lines at a time."""
+def _start(
+    tmp_path: Path, source: Path, output: Path, from_stdin: bool, *overrides: str
+) -> subprocess.Popen:
+    """translate of `source` (or of stdin reading it) into `output`, 10 lines at a time
+    unless `overrides` say otherwise."""
     given = "input=-" if from_stdin else f"input={source}"
+    chunk = [] if any(o.startswith("chunk_lines=") for o in overrides) else ["chunk_lines=10"]
     cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
-           "decoding.max_gen_len=[0.5,4]", "chunk_lines=10", given, f"output={output}",
-           f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+           "decoding.max_gen_len=[0.5,4]", *chunk, given, f"output={output}",
+           f"hydra.run.dir={tmp_path}/hydra", *overrides]  # fmt: skip
     # As a job in a terminal: a test run launched in the background inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler.
     with open(source if from_stdin else os.devnull, "rb") as stdin:
@@ -176,17 +181,23 @@ def test_batches_above_max_speculative_batch_are_marked_plain(tmp_path, source_f
     assert [r.get("plain", False) for r in records] == [True, False, True, False, True]
 
 
-@pytest.mark.parametrize(
-    ("signal_name", "from_stdin"), [("SIGKILL", False), ("SIGINT", False), ("SIGKILL", True)]
-)
-def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdin) -> None:
-    """From stdin too: the rerun, given the same input, skips the lines the output has."""
+def _dev_source(tmp_path: Path) -> Path:
+    """60 lines of the embedded task's dev set."""
     dev = [
         line.split("\t")[1]
         for line in (REPO / "tasks/bible_es_en/data/dev.tsv").read_text().splitlines()
     ]
     source = tmp_path / "src.es"
     source.write_text("\n".join(dev[:60]) + "\n", encoding="utf-8")
+    return source
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "from_stdin"), [("SIGKILL", False), ("SIGINT", False), ("SIGKILL", True)]
+)
+def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdin) -> None:
+    """From stdin too: the rerun, given the same input, skips the lines the output has."""
+    source = _dev_source(tmp_path)
     reference = tmp_path / "reference.en"
     assert run(tmp_path, f"input={source}", f"output={reference}", "chunk_lines=10").returncode == 0
 
@@ -208,6 +219,122 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdi
     assert f"resuming {output} after line {done}" in stderr
     assert output.read_bytes() == reference.read_bytes()
     assert not partial.exists()
+
+
+def test_interrupt_inside_a_chunk_keeps_its_finished_lines_and_resumes_exactly(tmp_path) -> None:
+    """The whole file is one chunk (chunk_lines=256) of several length-sorted batches.
+    The progress bar counts lines as they finish; Ctrl-C writes the chunk's finished
+    lines up to its first unfinished one, the stats file in step; the rerun decodes the
+    chunk's batches that hold unwritten lines, the same batches, so the same output."""
+    source = _dev_source(tmp_path)
+    small = "hardware.batch_tokens=200"
+    reference, stats = tmp_path / "reference.en", tmp_path / "reference.jsonl"
+    done = run(tmp_path, f"input={source}", f"output={reference}", f"stats_file={stats}", small)
+    assert done.returncode == 0, done.stderr
+    output, partial = tmp_path / "resumed.en", tmp_path / "resumed.en.partial"
+    resumed_stats = tmp_path / "resumed.jsonl"
+    overrides = ("chunk_lines=256", small, f"stats_file={resumed_stats}")
+    proc = _start(tmp_path, source, output, False, *overrides)
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(iter(lambda: proc.stderr.read(1), "")))
+    reader.start()
+    progress = re.compile(r"(\d+)/60")
+    while proc.poll() is None and not any(
+        0 < int(n) < 60 for n in progress.findall("".join(stderr))
+    ):
+        threading.Event().wait(0.01)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    message = re.search(
+        r"interrupted: (\d+) of 60 lines are in (\S+); run the same", "".join(stderr)
+    )
+    assert proc.returncode != 0 and message and message[2] == str(partial), "".join(stderr)
+    kept = int(message[1])
+    assert partial.read_text(encoding="utf-8").count("\n") == kept < 60
+    partial_stats = tmp_path / "resumed.jsonl.partial"
+    assert [json.loads(r)["line"] for r in partial_stats.read_text().splitlines()] == list(
+        range(1, kept + 1)
+    )
+    again = _start(tmp_path, source, output, False, *overrides)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert output.read_bytes() == reference.read_bytes()
+    assert [json.loads(r)["line"] for r in resumed_stats.read_text().splitlines()] == list(
+        range(1, 61)
+    )
+
+
+def test_interrupted_stdout_says_what_was_written(tmp_path) -> None:
+    source = _dev_source(tmp_path)
+    proc = _start(tmp_path, source, Path("-"), True)
+    first = proc.stdout.readline()  # a chunk is out
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    written = 1 + proc.stdout.read().count("\n")  # after the line buffered by readline
+    proc.wait(timeout=120)
+    assert first and proc.returncode != 0
+    assert err.strip().splitlines()[-1] == f"interrupted: {written} lines were written to stdout"
+
+
+def test_lines_before_invalid_utf8_are_translated_and_written(tmp_path) -> None:
+    """From stdin, and from a file (into its partial file, which a rerun with
+    input_errors=replace continues)."""
+    data = b"Hola.\nEl Se\xf1or\nY dijo Dios.\n"
+    cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
+           "decoding.max_gen_len=[0.5,4]", f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+    piped = subprocess.run(cmd, cwd=REPO, input=data, capture_output=True, timeout=300)
+    assert piped.returncode != 0
+    assert (
+        piped.stderr.decode().strip().splitlines()[-1].startswith("error: <stdin>:2: invalid UTF-8")
+    )
+    assert len(piped.stdout.decode().splitlines()) == 1
+    source = tmp_path / "bad.es"
+    source.write_bytes(data)
+    output = tmp_path / "bad.en"
+    result = run(tmp_path, f"input={source}", f"output={output}")
+    assert result.returncode != 0 and f"error: {source}:2: invalid UTF-8" in result.stderr
+    assert (tmp_path / "bad.en.partial").read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_a_filter_leaves_nothing_in_the_working_directory(tmp_path) -> None:
+    """No Hydra run directory (./outputs/…), no log file; stderr has no stray blank line."""
+    cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
+           "decoding.max_gen_len=[0.5,4]"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        cmd, cwd=tmp_path, input="Hola.\n", capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+    assert not result.stderr.startswith("\n"), repr(result.stderr)
+
+
+def test_output_that_is_the_input_is_refused(tmp_path) -> None:
+    source = tmp_path / "same.es"
+    source.write_text("Hola.\n")
+    (tmp_path / "link.es").symlink_to(source)
+    for output in (source, tmp_path / "link.es"):
+        with pytest.raises(ValueError, match=rf"^output={output} is the input file: choose"):
+            TranslateConfig(input=str(source), output=str(output)).check()
+    with pytest.raises(ValueError, match=r"^stats_file=.* is the input file"):
+        TranslateConfig(input=str(source), stats_file=str(tmp_path / "link.es")).check()
+
+
+def test_the_documented_compare_with_settings_parses_on_the_command_line() -> None:
+    """Hydra's grammar takes no bare `=` in a value: the docstring's quoted form."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    import specbeam.apps.translate as app
+
+    documented = re.search(r'"(compare=\'beam:beam_size=4\')"', app.__doc__)
+    assert documented, app.__doc__
+    override = OverridesParser.create().parse_override(documented[1])
+    assert override.value() == "beam:beam_size=4"
+    cfg = TranslateConfig(compare=override.value())
+    cfg.check()
+    assert cfg.baseline().beam_size == 4
 
 
 def test_shards_swept_with_joblib_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
@@ -409,6 +536,9 @@ def _hypotheses(obj: dict) -> list[tuple[str, float | None]]:
         ({"shard": "2/2", "input": "src.es"}, "shard=2/2 is invalid: need 0 ≤ i < n"),
         ({"shard": "0of2", "input": "src.es"}, "shard=0of2 is invalid: expected i/n, e.g. 0/4"),
         ({"shard": "0/2"}, "shard=0/2 needs input=FILE: stdin is streamed"),
+        ({"compare": "nope"}, "compare=nope is invalid: decoding=nope is unknown; allowed: beam,"),
+        ({"compare": "beam:nonsense=1"}, "compare=beam:nonsense=1 is invalid: Key 'nonsense' not in"),
+        ({"compare": "spec_beam"}, "compare=spec_beam is speculative: compare with a plain decoding"),
     ],
 )  # fmt: skip
 def test_bad_output_settings_are_one_line_errors(settings: dict, expected: str) -> None:
@@ -456,3 +586,39 @@ def test_embedded_pair_translates_line_for_line_as_beam_search(tmp_path) -> None
     assert lines == beam.stdout.splitlines() and len(lines) == len(LINES)
     assert lines[0] == EMBEDDED_FIRST_LINE and lines[1] == "" and lines[3] == ""
     assert "identical outputs: 3/3" in spec.stderr.strip().splitlines()[-1]
+
+
+def test_a_chunk_after_written_lines_decodes_only_the_batches_it_needs(fuzz_pipeline) -> None:
+    """Lines are reported as they finish; a chunk whose first lines an interrupted run
+    wrote skips the batches of theirs alone and gives the rest the same translations."""
+    tokenizer, generators = fuzz_pipeline
+    cfg = TranslateConfig(hardware=HardwareConfig(batch_tokens=40, threads=1))
+    lines = [LINES[0], "", LINES[2], "Hola.", LINES[4], "Sí.", " ".join(LINES[::2])]
+    splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
+    runs = {}
+    for written in (0, 3):
+        counted = _Counter(generators["spec_beam"])
+        finished: dict[int, str] = {}
+        translate_chunk(
+            cfg, tokenizer, counted, splitter, lines, 0, 0, written=written,
+            on_line=lambda i, text, record, finished=finished: finished.setdefault(i, text),
+        )  # fmt: skip
+        runs[written] = finished, counted.batches
+    (whole, all_batches), (rest, fewer_batches) = runs[0], runs[3]
+    assert sorted(whole) == list(range(len(lines))) and sorted(rest) == list(range(3, len(lines)))
+    assert rest == {i: whole[i] for i in rest}
+    assert whole == dict(
+        enumerate(translate_chunk(cfg, tokenizer, counted, splitter, lines, 0, 0)[0])
+    )
+    assert fewer_batches < all_batches
+
+
+class _Counter:
+    """A generator that counts the batches it decodes."""
+
+    def __init__(self, generator: Seq2SeqGenerator) -> None:
+        self.generator, self.model, self.batches = generator, generator.model, 0
+
+    def __call__(self, *args: object) -> SequenceGeneratorOutput:
+        self.batches += 1
+        return self.generator(*args)
