@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,7 @@ def shard_range(shard: str, total: int) -> tuple[int, int]:
 def shard_path(path: str, shard: str) -> str:
     """Where shard i of n (n > 1) writes `path`: `path.shard-i-of-n`, so that one command
     line swept over shards (`shard=0/2,1/2`) writes distinct, valid file names, which
-    scripts/merge_shards.py finds; stdout (-) stays stdout."""
+    `python -m specbeam.merge_shards` finds; stdout (-) stays stdout."""
     i, n = parse_shard(shard)
     return path if path == "-" or n == 1 else f"{path}.shard-{i}-of-{n}"
 
@@ -142,21 +143,22 @@ def not_a_setting(prefix: str, key: str, known: Sequence[str]) -> str:
     return f"{prefix}{key} is not a setting ({hint})"
 
 
-def before_hydra(argv: Sequence[str], app: str | None = None) -> None:
+def before_hydra(argv: Sequence[str], app: str, doc: str | None) -> None:
     """What an app's command line does before Hydra runs it: --help shows the app's own
     settings, group choices and setting names are checked (Hydra would print six lines for
     a typo), and fairseq2 will not register the generators for recipes, which these
     processes do not run (0.8 s of start-up, `specbeam/integration/entry_point.py`).
-    `app`: the primary config's name; by default the calling module's (`…apps.translate`
-    -> translate, whose schema is `translate_schema`)."""
-    caller = inspect.currentframe().f_back  # type: ignore[union-attr]
-    module = caller.f_globals if caller is not None else {}
-    app = app or str(module.get("__name__", "")).rpartition(".")[2]
+    `app`: the primary config's name (its schema is `<app>_schema`); `doc`: the text
+    --help begins with. fairseq2's progress bar for loading a model ends with a newline
+    even where it drew nothing, so it is off where stderr is not a terminal (stderr would
+    start with a blank line)."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("FAIRSEQ2_NO_PROGRESS", "1")
     check_group_choices(argv)
     check_override_keys(argv, app)
     if {"--help", "-h"} & set(argv):
         overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-        print(app_help(app, module.get("__doc__"), overrides))
+        print(app_help(app, doc, overrides))
         raise SystemExit(0)
     entry_point.skip_generators()
 

@@ -54,6 +54,7 @@ from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.paths import SHIPPED, shipped, user_config_dir, user_path
+from specbeam.plural import counted
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.runtime import Runtime
 from specbeam.search.slots import SlotTable
@@ -398,7 +399,7 @@ def write_hardware(
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
         f"# model.target={cfg.model.target}, model.draft={cfg.model.draft} (costs are this "
         f"pair's), threads={hw.threads}, draft {hw.draft_dtype}, "
-        f"{cfg.sample} {cfg.split} sentences at batch 1, medians of {cfg.repeats} timed calls.",
+        f"{counted(cfg.sample, cfg.split + ' sentence')} at batch 1, medians of {cfg.repeats} timed calls.",
         f"# target call = {plan.target.a:.2f} + {plan.target.b:.3f}·T ms, draft call = "
         f"{plan.draft.a:.2f} + {plan.draft.b:.3f}·T ms, beam {k} step = {cal.fairseq2_step_ms:.2f} ms "
         f"(fairseq2), {plan.plain_ms(k):.2f} ms (specbeam's, lean); {plan.accept_ms:.2f} ms per "
@@ -467,7 +468,7 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     bounds = at_gamma(decoding, best.gamma, best.draft_width).gamma_bounds
     path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cal, bounds)
     print(describe(cal, cfg.hardware, decoding.beam_size))
-    print(f"\n{cfg.method} on {len(sources)} {cfg.split} sentences, batch 1:\n")
+    print(f"\n{cfg.method} on {counted(len(sources), cfg.split + ' sentence')}, batch 1:\n")
     print(grid_table(rows))
     print(
         f"\nbest measured: gamma={best.gamma} draft_width={best.draft_width} "
@@ -487,5 +488,5 @@ def main(cfg: CalibrateConfig) -> None:
 
 def cli() -> None:
     """The command line (`app.before_hydra`)."""
-    before_hydra(sys.argv[1:])
+    before_hydra(sys.argv[1:], "calibrate", __doc__)
     main()

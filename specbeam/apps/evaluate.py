@@ -211,5 +211,5 @@ def main(cfg: EvaluateConfig) -> None:
 
 def cli() -> None:
     """The command line (`app.before_hydra`)."""
-    before_hydra(sys.argv[1:])
+    before_hydra(sys.argv[1:], "evaluate", __doc__)
     main()

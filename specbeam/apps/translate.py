@@ -7,7 +7,7 @@ python -m specbeam.translate compare=beam ...        # and print the speedup ove
 python -m specbeam.translate "compare='beam:beam_size=4'" ...  # Hydra needs the inner quotes
 python -m specbeam.translate output_format=jsonl nbest=3 ...   # n-best lists, scores, stats
 python -m specbeam.translate -m hydra/launcher=joblib shard=0/2,1/2 input=src.es output=out.en
-python scripts/merge_shards.py --input src.es --output out.en   # joins out.en.shard-*-of-2
+python -m specbeam.merge_shards --input src.es --output out.en   # joins out.en.shard-*-of-2
 
 Standard input is streamed (`textio.stream_lines`): lines are translated as they arrive
 and each batch's output is flushed, so the app works as a filter in a pipe.
@@ -52,6 +52,7 @@ from specbeam.apps.textio import (
     uninterrupted,
 )
 from specbeam.paths import SHIPPED
+from specbeam.plural import counted
 from specbeam.search.stats import SpeculativeGeneratorOutput
 
 log = logging.getLogger("specbeam.translate")
@@ -83,7 +84,7 @@ class TranslateConfig(PipelineConfig):
     shard: str = "0/1"
     """i/n: translate only the i-th of n contiguous blocks of the input file, into
     `<output>.shard-i-of-n` (and `<stats_file>.shard-i-of-n`), so that one command swept
-    over shards writes distinct files; scripts/merge_shards.py joins them."""
+    over shards writes distinct files; `python -m specbeam.merge_shards` joins them."""
     input_errors: str = "strict"
     """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
     compare: str | None = None
@@ -332,7 +333,7 @@ def compare_line(
     line = (
         f"{ours.name}: {base.total_seconds / ours.total_seconds:.2f}× the speed of "
         f"{base.name} ({ours.total_seconds:.2f} s vs {base.total_seconds:.2f} s for "
-        f"{len(texts)} sentences, one at a time); identical outputs: {same}/{len(texts)}"
+        f"{counted(len(texts), 'sentence')}, one at a time); identical outputs: {same}/{len(texts)}"
     )
     if ours.stats.target_passes:
         line += f"; τ {ours.stats.tau:.2f} steps per target pass"
@@ -488,10 +489,6 @@ def main(cfg: TranslateConfig) -> None:
 
 
 def cli() -> None:
-    """The command line (`app.before_hydra`). fairseq2's progress bar for loading (or
-    downloading) a model ends with a newline even where it drew nothing: stderr that is
-    not a terminal would start with a blank line, so it is off there."""
-    if not sys.stderr.isatty():
-        os.environ.setdefault("FAIRSEQ2_NO_PROGRESS", "1")
-    before_hydra(sys.argv[1:])
+    """The command line (`app.before_hydra`)."""
+    before_hydra(sys.argv[1:], "translate", __doc__)
     main()

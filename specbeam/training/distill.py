@@ -135,5 +135,5 @@ def main(cfg: DistillConfig) -> None:
 
 def cli() -> None:
     """The command line (`app.before_hydra`)."""
-    before_hydra(sys.argv[1:])
+    before_hydra(sys.argv[1:], "distill", __doc__)
     main()
