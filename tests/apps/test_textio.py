@@ -196,7 +196,9 @@ def test_a_device_output_is_written_straight_through_and_its_errors_named() -> N
 
 def test_ctrl_c_waits_until_a_write_is_whole() -> None:
     """Even with other threads running (torch's, tqdm's), which a signal mask would not
-    cover: the block ends, then KeyboardInterrupt."""
+    cover: the block ends, then KeyboardInterrupt. Python's own handler is set first: a
+    process started in the background by a shell ignores SIGINT from the start."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
@@ -208,6 +210,7 @@ def test_ctrl_c_waits_until_a_write_is_whole() -> None:
     finally:
         stop.set()
         other.join()
+        signal.signal(signal.SIGINT, previous)
     assert steps == ["after the signal"]
 
 
