@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +163,7 @@ def plot(rows: list[dict], header: str, path: Path) -> None:
     ax.barh(names, [r["wall_median"] for r in rows][::-1], color="tab:blue", label="median")
     ax.scatter([r["wall_min"] for r in rows][::-1], names, color="black", zorder=3, label="min")
     ax.set_xlabel("seconds per process (start-up included)")
-    ax.set_title(header, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(header.replace("`", ""), 90)), fontsize=8)
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
