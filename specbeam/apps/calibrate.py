@@ -391,9 +391,15 @@ def write_hardware(
         )
         log.warning(note)
     costs = plan.to_stored()
-    # Only what this run measured: the other decodings' tuned settings (and their τ) were
-    # chosen for another pair, so they run with their decoding files' settings here.
-    hw = dataclasses.replace(cfg.hardware, name=cfg.name, costs=costs, tuned={decoding: tuned})
+    # What this run measured, beside what earlier calibrations of a config of the user's
+    # measured (`hardware=my_pair method=relaxed name=my_pair` adds relaxed to spec_beam's);
+    # a shipped config's other tuned settings were chosen for another pair, and their τ
+    # measured there, so those decodings run with their decoding files' settings here.
+    others = {} if shipped_hardware(cfg.hardware.name) else dict(cfg.hardware.tuned)
+    others.pop(decoding, None)
+    hw = dataclasses.replace(
+        cfg.hardware, name=cfg.name, costs=costs, tuned={**others, decoding: tuned}
+    )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = [
         f"# Written by `python -m specbeam.calibrate` on {socket.gethostname()}, {when}:",
@@ -407,8 +413,9 @@ def write_hardware(
         f"# {decoding}: best γ={best.gamma}, draft_width={best.draft_width}: τ {best.shape.tau:.2f}, "
         f"over specbeam's plain search predicted {best.predicted:.2f}×, measured "
         f"{best.measured:.2f}× ({best.vs_fairseq2:.2f}× fairseq2's).",
-        f"# tuned: {decoding} alone; other decodings run with their decoding files' settings "
-        "here (not calibrated for this pair).",
+        f"# tuned: {decoding}"
+        + (f" (and, from hardware={cfg.hardware.name}, {', '.join(others)})" if others else "")
+        + "; other decodings run with their decoding files' settings here.",
         *([f"# {note}."] if negative else []),
     ]
     path = hardware_dir(cfg) / f"{cfg.name}.yaml"
@@ -441,7 +448,7 @@ def peak_rss_mb() -> float:
 
 
 def calibrate(cfg: CalibrateConfig) -> Path:
-    if (shipped("conf/hardware") / f"{cfg.name}.yaml").exists():
+    if shipped_hardware(cfg.name):
         raise ValueError(
             f"name={cfg.name} is a shipped hardware config, which hardware={cfg.name} keeps "
             "meaning: choose another name"
@@ -479,6 +486,11 @@ def calibrate(cfg: CalibrateConfig) -> Path:
         "weights and every search above)"
     )
     return path
+
+
+def shipped_hardware(name: str) -> bool:
+    """Whether `hardware=name` is a config specbeam ships (tuned on the embedded pair)."""
+    return (shipped("conf/hardware") / f"{name}.yaml").exists()
 
 
 @hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="calibrate")

@@ -106,6 +106,22 @@ def test_calibrates_any_speculative_method(tmp_path) -> None:
     assert planner is not None and planner.shape.tau == DecodingConfig().plan_tau
 
 
+def test_calibrating_a_users_config_again_keeps_what_it_measured_before(
+    tmp_path, monkeypatch
+) -> None:
+    """A second method calibrated on the user's own config (found per user, by name) adds
+    its tuned settings to the first's rather than dropping them."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    common = ["model=tiny_random", "hardware.threads=1", "name=mine", "sample=2", "repeats=2",
+              "slot_counts=[1,5]", "gammas=[2]"]  # fmt: skip
+    calibrate(compose_config("calibrate", [*common, "method=spec_greedy", "draft_widths=[1]"]))
+    text = calibrate(compose_config("calibrate", [*common, "hardware=mine", "draft_widths=[5]"]))
+    tuned = OmegaConf.load(text).tuned
+    assert set(tuned) == {"spec_greedy", "spec_beam"}
+    assert tuned.spec_greedy.draft_width == 1 and tuned.spec_beam.draft_width == 5
+    assert "(and, from hardware=mine, spec_greedy)" in text.read_text()
+
+
 def test_tuned_settings_must_be_decoding_settings() -> None:
     hw = HardwareConfig(tuned={"spec_beam": {"depth": 3}})
     with pytest.raises(ValueError, match="unknown settings: depth"):
