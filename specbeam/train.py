@@ -1,6 +1,6 @@
 """`python -m specbeam.train`: train a target or a draft (`specbeam/training/train.py`)."""
 
-from specbeam.training.train import main
+from specbeam.training.train import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

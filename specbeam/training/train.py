@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from torch import Tensor
 from torch.nn.functional import cross_entropy, log_softmax, softmax
 from tqdm import tqdm
 
+from specbeam.apps.app import before_hydra, run_app
 from specbeam.apps.data import read_tsv, teacher_forcing, token_batches, tokenize_pairs
 from specbeam.apps.inference import translate_texts
 from specbeam.apps.task import TaskConfig
@@ -309,4 +311,10 @@ class Trainer:
 
 @hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="train")
 def main(cfg: TrainConfig) -> None:
-    Trainer(OmegaConf.to_object(cfg)).run()
+    run_app(lambda c: Trainer(c).run(), cfg)
+
+
+def cli() -> None:
+    """The command line (`app.before_hydra`)."""
+    before_hydra(sys.argv[1:], "train", __doc__)
+    main()

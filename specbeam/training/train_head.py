@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from torch import Tensor
 from torch.nn.functional import log_softmax, smooth_l1_loss, softmax
 from tqdm import tqdm
 
-from specbeam.apps.app import run_app
+from specbeam.apps.app import before_hydra, run_app
 from specbeam.apps.data import read_tsv, target_prompt_len, token_batches, tokenize_pairs
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.hub import asset_store, is_path, retrieve_card
@@ -477,3 +478,9 @@ def checkpoint_file(spec: str, store: AssetStore) -> Path:
 @hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="train_head")
 def main(cfg: TrainHeadConfig) -> None:
     run_app(lambda c: HeadTrainer(c).run(), cfg)
+
+
+def cli() -> None:
+    """The command line (`app.before_hydra`)."""
+    before_hydra(sys.argv[1:], "train_head", __doc__)
+    main()
