@@ -12,6 +12,7 @@ from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.generation.sampling import SamplingSeq2SeqGenerator, TopKSampler, TopPSampler
 from fairseq2.models.seq2seq import Seq2SeqModel
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from specbeam.paths import config_file
 from specbeam.search.config import MachineSettings, SearchSettings, SpeculativeSearchConfig
@@ -78,12 +79,15 @@ def load_decoding(method: str) -> DecodingConfig:
         path = config_file("decoding", name)
     except ValueError as error:
         raise ValueError(f"methods: {error}") from None
-    merged = OmegaConf.merge(
-        OmegaConf.structured(DecodingConfig),
-        OmegaConf.load(path),
-        OmegaConf.from_dotlist(dotlist),
-        {"name": method},
-    )
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(DecodingConfig),
+            OmegaConf.load(path),
+            OmegaConf.from_dotlist(dotlist),
+            {"name": method},
+        )
+    except OmegaConfBaseException as error:  # a misspelt or mistyped setting: its first line
+        raise ValueError(f"methods: {method}: {str(error).splitlines()[0]}") from None
     return OmegaConf.to_object(merged)
 
 

@@ -28,7 +28,6 @@ import hydra
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
-from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from specbeam.apps.app import (
@@ -140,8 +139,8 @@ class TranslateConfig(PipelineConfig):
         assert self.compare is not None
         try:
             loaded = load_decoding(self.compare)
-        except (ValueError, OmegaConfBaseException) as error:
-            reason = str(error).removeprefix("methods: ").splitlines()[0]
+        except ValueError as error:
+            reason = str(error).removeprefix("methods: ").removeprefix(f"{self.compare}: ")
             raise ValueError(f"compare={self.compare} is invalid: {reason}") from None
         shared = {f: getattr(self.decoding, f) for f in _SHARED}
         baseline = dataclasses.replace(loaded, **shared)  # type: ignore[arg-type]
