@@ -1,9 +1,10 @@
 """A command line's start-up: work it defers, the output unchanged.
 
-`begin` runs first thing in the entry module (`specbeam/translate.py`), before torch and
-fairseq2 are imported; `done` when the pipeline is built (`PipelineConfig.build`).
+`begin` runs first thing in the entry modules (`specbeam/translate.py` and the other apps'),
+before torch and fairseq2 are imported; `done` when the pipeline is built
+(`PipelineConfig.build`).
 
-Python's garbage collector waits until `done`: importing torch, fairseq2 and transformers
+In translate, Python's garbage collector waits until `done`: importing torch, fairseq2 and transformers
 and loading the models allocate millions of objects, few of them garbage, and every full
 collection walks all of them. `done` freezes what exists then (the modules, the models), so
 that the collections of the run skip it too.
@@ -22,14 +23,18 @@ from types import FrameType
 from typing import NoReturn
 
 _begun = False
+_holding = False  # the garbage collector, until `done`
 
 
-def begin() -> None:
-    """Call before the imports (`python -m specbeam.translate`)."""
-    global _begun
+def begin(hold_gc: bool = True) -> None:
+    """Call before the imports (`python -m specbeam.translate`). `hold_gc=False` for an
+    app that may never build a pipeline (evaluate, training), whose collections must not
+    wait for `done`: it gets the one-line Ctrl-C alone."""
+    global _begun, _holding
     if not _begun:
-        _begun = True
-        gc.disable()
+        _begun, _holding = True, hold_gc
+        if hold_gc:
+            gc.disable()
         signal.signal(signal.SIGINT, _on_interrupt)
 
 
@@ -39,8 +44,9 @@ def done() -> None:
     global _begun
     if _begun:
         _begun = False
-        gc.freeze()
-        gc.enable()
+        if _holding:
+            gc.freeze()
+            gc.enable()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 

@@ -269,11 +269,12 @@ def test_ctrl_c_in_an_app_is_one_line_and_exit_code_130(capsys) -> None:
     assert capsys.readouterr().err == "interrupted\n"
 
 
-def test_ctrl_c_during_start_up_is_one_line_and_exit_code_130(tmp_path) -> None:
+@pytest.mark.parametrize("app", ["translate", "evaluate", "train_head"])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_code_130(app: str, tmp_path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "specbeam.translate",
+        f"specbeam.{app}",
         "model=tiny_random",
         f"hydra.run.dir={tmp_path}",
     ]
