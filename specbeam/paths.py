@@ -9,6 +9,7 @@ against the shipped files' home, wherever the package is.
 """
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -42,11 +43,16 @@ def user_path(spec: str) -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
+def config_choices(group: str, conf_dirs: Iterable[Path]) -> list[str]:
+    """The names a config group offers in these config directories (`<dir>/<group>/*.yaml`)."""
+    return sorted({p.stem for d in conf_dirs for p in (d / group).glob("*.yaml")})
+
+
 def config_file(group: str, name: str) -> Path:
     """`conf/<group>/<name>.yaml`; a ValueError naming the ones there if it is not."""
     path = SHIPPED / "conf" / group / f"{name}.yaml"
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        known = ", ".join(config_choices(group, [SHIPPED / "conf"]))
         raise ValueError(f"{group}={name} is unknown; allowed: {known}")
     return path
 

@@ -30,7 +30,7 @@ from specbeam.apps.help import app_help
 from specbeam.apps.task import TaskConfig
 from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, open_pair
-from specbeam.paths import SHIPPED, user_config_dir
+from specbeam.paths import SHIPPED, config_choices, user_config_dir
 
 R = TypeVar("R")
 
@@ -196,7 +196,7 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") 
         group, sep, value = arg.partition("=")
         if not sep or not group.isidentifier() or not (conf_dir / group).is_dir():
             continue
-        allowed = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
+        allowed = config_choices(group, dirs)
         for choice in value.split(","):  # a multirun sweeps over several
             if choice not in allowed and "(" not in choice:
                 looked = ", ".join(str(d / group) for d in dirs)

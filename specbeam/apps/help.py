@@ -10,13 +10,12 @@ import dataclasses
 import inspect
 import textwrap
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specbeam.paths import SHIPPED, user_config_dir
+from specbeam.paths import SHIPPED, config_choices, user_config_dir
 
 _WIDTH = 38  # of the SETTING=VALUE column
 _LINE = 120
@@ -41,9 +40,7 @@ def app_help(app: str, doc: str | None, overrides: Sequence[str]) -> str:
     ]
     for group in cfg:
         if (SHIPPED / "conf" / str(group)).is_dir():
-            names = sorted(
-                {p.stem for d in (SHIPPED / "conf", user_config_dir()) for p in _yamls(d, group)}
-            )
+            names = config_choices(str(group), [SHIPPED / "conf", user_config_dir()])
             marked = [f"{n}*" if n == choices.get(group) else n for n in names]
             lines.append(f"  {group}: {', '.join(marked)}")
     lines += [
@@ -53,10 +50,6 @@ def app_help(app: str, doc: str | None, overrides: Sequence[str]) -> str:
         *settings(cfg),
     ]
     return "\n".join(lines)
-
-
-def _yamls(conf: Path, group: object) -> list[Path]:
-    return list((conf / str(group)).glob("*.yaml"))
 
 
 def settings(node: DictConfig, prefix: str = "") -> list[str]:
