@@ -6,8 +6,8 @@ before torch and fairseq2 are imported; `done` when the pipeline is built
 
 In translate, Python's garbage collector waits until `done`: importing torch, fairseq2 and
 transformers and loading the models allocate millions of objects, few of them garbage, and
-every full collection walks all of them. `done` freezes what exists then (the modules, the models), so
-that the collections of the run skip it too.
+every full collection walks all of them. `done` freezes what exists then (the modules, the
+models), so that the collections of the run skip it too.
 
 Ctrl-C before `done` (the imports, composing the config, loading the models) ends the
 process with one line, `interrupted`, and the shell's code for it (130), not a traceback;

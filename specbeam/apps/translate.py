@@ -413,8 +413,8 @@ def translate_chunk(
         for row, p in enumerate(batch):
             translations[p] = hyps[row]
             decoded[p] = piece_record(len(seconds) - 1, len(batch), result, row)
+            left[owner[p]] -= 1
         for k in sorted({owner[p] for p in batch}):
-            left[k] -= sum(owner[p] == k for p in batch)
             if left[k] or todo[k] < written:
                 continue
             i, a, b = todo[k], starts[k], starts[k + 1]

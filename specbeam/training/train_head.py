@@ -332,8 +332,7 @@ class HeadTrainer:
         }
         self.history.append(entry)
         log.info("step %d: %s", self.step, json.dumps(entry))
-        # What exact beam search needs: the target's top 5 inside the drafted top 10.
-        score = sum(m.summary()["top5_in_10"] for m in totals[:2])
+        score = head_score(entry["valid"])
         if score > self.best:
             self.best = score
             save_head(self.head, self.out / "best.pt", torch.float32)
@@ -358,7 +357,7 @@ class HeadTrainer:
         highest score (the one `validate` saved)."""
         if not self.history:
             return
-        best = max(self.history, key=lambda h: sum(m["top5_in_10"] for m in h["valid"][:2]))
+        best = max(self.history, key=lambda h: head_score(h["valid"]))
         cover = ", ".join(f"{m['top5_in_10']:.3f}" for m in best["valid"][:2])
         log.info(
             "best head: %s (step %d; held out, the target's top 5 within its top 10 at "
@@ -407,6 +406,12 @@ class HeadTrainer:
             self.validate(running)
             self.checkpoint()
             last_ckpt = time.monotonic()
+
+
+def head_score(valid: list[dict]) -> float:
+    """What exact beam search needs of a head, from a validation's per-depth summaries:
+    the target's top 5 inside the drafted top 10, at depths 1 and 2."""
+    return sum(m["top5_in_10"] for m in valid[:2])
 
 
 def held_out(num_pairs: int, valid_pairs: int, data: Path) -> int:

@@ -235,7 +235,8 @@ def test_a_misspelt_setting_is_one_line_naming_the_nearest(
 
 
 def test_keys_added_past_the_entry_check_are_refused_too() -> None:
-    """Apps without `before_hydra` (train_head) get the same line from run_app."""
+    """Keys that reach the composed config past the command line's check (a config file,
+    a caller composing it) get the same line from run_app."""
     with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
         cfg = compose("translate", overrides=[*BASE, "+decoding.gama=3", "+hardware.tuned.x.y=1"])
     with pytest.raises(SystemExit) as exit_info:
