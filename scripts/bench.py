@@ -46,6 +46,7 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.integration.hub import is_path
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
+from specbeam.search.cpu import cpu_kind
 from specbeam.search.draft import DraftShape
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts
 from specbeam.search.runtime import Runtime
@@ -434,14 +435,16 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> tuple[list
     ceiling = ceiling_table(cost, profile, fitted.fairseq2_step_ms, k)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(
-        markdown(goals) + "\n\nA speculative pass at batch 1 (spec_beam always speculating), "
+        f"`lscpu`: {cpu_kind()}, {cfg.hardware.threads} threads, {len(sources)} test sentences\n\n"
+        + markdown(goals)
+        + "\n\nA speculative pass at batch 1 (spec_beam always speculating), "
         f"target call fitted as {cost.target.a:.2f} + {cost.target.b:.3f}·T ms:\n\n"
         + breakdown_table(breakdown)
         + "\n\nThe ceiling: a perfect draft's trees priced with this run's costs, batch 1 "
         "(predicted, not measured):\n\n" + ceiling + "\n"
     )
     record = {
-        "model": cfg.model.name, "hardware": dataclasses.asdict(cfg.hardware),
+        "cpu": cpu_kind(), "model": cfg.model.name, "hardware": dataclasses.asdict(cfg.hardware),
         "sentences": len(sources), "decodings": {n: dataclasses.asdict(d) for n, d in decodings.items()},
         "cost_model": cost_record(fitted, k), "calibrated_costs": cost_record(calibrated, k),
         "pass_profile": dataclasses.asdict(profile),

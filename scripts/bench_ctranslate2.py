@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specbeam.search.cpu import cpu_kind
+
 if TYPE_CHECKING:
     import torch
     from ctranslate2.specs import common_spec
@@ -472,11 +474,6 @@ def table(job: Job, runs: dict[str, list[dict]], text: dict[tuple[str, str], lis
     return {"results": results, "bleu_signature": str(metric.get_signature())}
 
 
-def cpu_name() -> str:
-    lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Model name")), "?")
-
-
 def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
     import matplotlib
 
@@ -486,7 +483,7 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
     results, n = summary["results"], len(job["sources"])
     steal = any(round(r["steal_seconds"], 2) for rows in results.values() for r in rows.values())
     head = (
-        f"Beam 5 on {n} test verses, {args.threads} threads, {cpu_name()}; each engine in a "
+        f"Beam 5 on {n} test verses, {args.threads} threads, {cpu_kind()}; each engine in a "
         f"fresh process, {args.repeats} repeat(s) in rotated order; speed: fairseq2's minimum "
         f"over the engine's (BLEU: {summary['bleu_signature']}). Other CPU: seconds every "
         "other process used during the timed calls (median; /proc/[pid]/stat)"
@@ -506,7 +503,7 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
             lines.append("| " + " | ".join(row) + " |")
     out.mkdir(parents=True, exist_ok=True)
     (out / "ct2.md").write_text("\n".join(lines) + "\n")
-    meta = {"sentences": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_name()}
+    meta = {"sentences": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_kind()}
     (out / "ct2.json").write_text(json.dumps({**summary, **meta}, indent=1) + "\n")
     print("\n".join(lines))
     fig, ax = plt.subplots(figsize=(8, 4.4))

@@ -39,9 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
-from bench_ctranslate2 import cpu_name, others_cpu, processes
+from bench_ctranslate2 import others_cpu, processes
 from sacrebleu.metrics import BLEU
 from tqdm import tqdm
+
+from specbeam.search.cpu import cpu_kind
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -224,7 +226,7 @@ def main() -> None:
             progress.update()
     progress.close()
 
-    header = (f"`lscpu`: {cpu_name()}, {os.cpu_count()} CPUs; {what}; {opts.rounds} rounds; "
+    header = (f"`lscpu`: {cpu_kind()}, {os.cpu_count()} CPUs; {what}; {opts.rounds} rounds; "
               f"shared overrides: `{' '.join(opts.args) or '(none)'}`")  # fmt: skip
     metric = BLEU()
     rows = [run.row(metric, refs) for run in runs]

@@ -40,6 +40,7 @@ from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.cards import random_nllb_cards
 from specbeam.integration.models import ModelPairConfig, num_parameters, open_pair
 from specbeam.paths import SHIPPED
+from specbeam.search.cpu import cpu_kind
 from specbeam.search.draft import DraftShape
 from specbeam.search.head import HeadArch
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, beside_calls_ms
@@ -51,15 +52,6 @@ SEARCHES = ("spec_beam", "spec_greedy", "relaxed")
 PERFECT = ((2, 10), (4, 5))
 """(γ, width) of exact spec_beam's trees priced with a perfect draft."""
 LANGS = ("spa_Latn", "eng_Latn")
-
-
-def cpu_name() -> str:
-    """`lscpu`'s model name, family and model, from /proc/cpuinfo."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
 
 
 def write_cards(card_dir: Path) -> None:
@@ -182,7 +174,7 @@ def report(args: argparse.Namespace, taus: dict[str, list[float]], card_dir: Pat
         1: (step_ms(plain["greedy_lean"], plain["greedy"]), step_ms(plain["greedy"], plain["greedy"])),
     }  # fmt: skip
     stored = PlanCosts.from_stored(hw.costs)
-    print(f"CPU: {cpu_name()}, {hw.threads} threads, head in {hw.draft_torch_dtype}")
+    print(f"CPU: {cpu_kind()}, {hw.threads} threads, head in {hw.draft_torch_dtype}")
     print(
         f"target: fairseq2 `dense_600m` (random weights), vocabulary {vocab.size}, "
         f"{num_parameters(target) / 1e6:.0f} M parameters; head {HeadArch()}, "

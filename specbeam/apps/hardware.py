@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from specbeam.apps.decoding import reaching
 from specbeam.integration.models import LoadedPair
 from specbeam.paths import config_file
-from specbeam.search import onednn, quant
+from specbeam.search import cpu, onednn, quant
 from specbeam.search.config import MachineSettings
 from specbeam.search.planner import PlanCosts
 
@@ -100,7 +100,7 @@ class HardwareConfig(MachineSettings):
             log.warning(
                 "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: %s), "
                 "so the target runs float32",
-                " ".join(onednn.cpu_flags()) or "no AVX-512 or AMX",
+                " ".join(cpu.cpu_flags()) or "no AVX2",
             )
         if precision != "float32":
             if self.device != "cpu":

@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
 from specbeam.search import quant
-from specbeam.search.runtime import Runtime, cpu_info
+from specbeam.search.runtime import Runtime
 
 
 class _PerTensor:
@@ -86,11 +86,6 @@ def bf16_native() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX). Without, oneDNN
     refuses bf16 and PyTorch emulates it, slower than fp32."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def cpu_flags(prefixes: tuple[str, ...] = ("avx512", "amx", "avx_vnni")) -> list[str]:
-    """The CPU's flags that decide how fast reduced precisions run."""
-    return sorted({f for f in cpu_info("flags").split() if f.startswith(prefixes)})
 
 
 def _runs(weight: Tensor) -> bool:

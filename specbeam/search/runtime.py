@@ -19,6 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, final
 import torch
 from torch import Tensor
 
+from specbeam.search.cpu import cpu_info
 from specbeam.search.memory import MB
 
 P = ParamSpec("P")
@@ -80,17 +81,6 @@ class SpareBuffers:
         self._free.sort(key=Tensor.numel, reverse=True)
         while sum(b.numel() * b.element_size() for b in self._free) > self.limit_bytes:
             self._free.pop()
-
-
-def cpu_info(field: str) -> str:
-    """A field of the first CPU in /proc/cpuinfo (`vendor_id`, `flags`); empty where
-    there is none."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            line = next((x for x in info if x.split(":")[0].strip() == field), "")
-    except OSError:
-        return ""
-    return line.partition(":")[2].strip()
 
 
 @functools.cache

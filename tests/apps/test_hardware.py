@@ -7,7 +7,7 @@ from fairseq2.nn import Projection
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import LoadedPair
-from specbeam.search import attention, onednn, quant
+from specbeam.search import attention, cpu, onednn, quant
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -54,14 +54,14 @@ def test_bfloat16_without_native_support_runs_float32_with_a_warning(
     monkeypatch, caplog, tiny_target
 ) -> None:
     monkeypatch.setattr(onednn, "bf16_native", lambda: False)
-    monkeypatch.setattr(onednn, "cpu_flags", lambda: ["avx512f", "avx512bw"])
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: ["avx2", "avx512f"])
     pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
     with caplog.at_level("WARNING", logger="specbeam.hardware"):
         HardwareConfig(target_dtype="bfloat16").place(pair)
     (record,) = caplog.records
     assert record.getMessage() == (
-        "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: avx512f "
-        "avx512bw), so the target runs float32"
+        "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: avx2 "
+        "avx512f), so the target runs float32"
     )
     assert all(quant.precision_of(p) is None for p in pair.target.parameters())
 
