@@ -12,7 +12,7 @@ verses and converts the target once (seconds; `~/.cache/specbeam/ct2/<hash of we
 CTranslate2's own Transformer spec: the same weights, sinusoidal table, token ids and layer
 norm epsilon. Then every engine runs in a fresh process: fairseq2's beam search, specbeam's
 `spec_beam` as configured (planner and all) on the fp32 target and with its linear layers in
-bfloat16 (where the CPU has native bf16) and int8 (`hardware.target_dtype`), and CTranslate2
+bfloat16 and int8 where the CPU computes them natively (`hardware.target_dtype`), and CTranslate2
 at fp32, int8 and int8_float32, which imports `ctranslate2` alone (no torch). `--engines`
 picks some by name or part of one; fairseq2's beam search always runs, the reference. Each
 process reads the token ids from a file, loads (not timed), makes one warm-up call per
@@ -216,16 +216,16 @@ def prepare(job_path: Path, every: int, limit: int | None) -> None:
         "len_penalty": beam.len_penalty,
         "max_gen_len": list(beam.max_gen_len),
         "ct2_model": str(where),
-        "bf16_native": onednn.bf16_native(),
+        "native": [d for d in SPEC_DTYPES if onednn.native(d)],
         "batches": batches,
     }
     job_path.write_text(json.dumps(job) + "\n")
 
 
-def engines(bf16_native: bool) -> list[str]:
-    """Every engine this machine runs, in the table's order (bfloat16 only where native:
-    elsewhere PyTorch emulates it, slower than fp32)."""
-    spec = [SPEC] + [f"{SPEC}+{d}" for d in SPEC_DTYPES[1:] if d != "bfloat16" or bf16_native]
+def engines(native: list[str]) -> list[str]:
+    """Every engine this machine runs, in the table's order (a reduced precision only where
+    the CPU computes it natively, `onednn.native`: elsewhere specbeam runs it as fp32)."""
+    spec = [SPEC] + [f"{SPEC}+{d}" for d in SPEC_DTYPES[1:] if d in native]
     return [BASE, *spec, *(f"CTranslate2 {t}" for t in CT2_TYPES)]
 
 
@@ -431,7 +431,7 @@ def main() -> None:
         job_path = Path(tmp) / "job.json"
         spawn(["--step", "prepare", str(job_path), str(args.every), str(args.limit or 0)], args.threads)  # fmt: skip
         job = json.loads(job_path.read_text())
-        chosen = choose(engines(job["bf16_native"]), args.engines)
+        chosen = choose(engines(job["native"]), args.engines)
         runs: dict[str, list[dict]] = {e: [] for e in chosen}
         for r in range(args.repeats):
             for engine in chosen[r % len(chosen) :] + chosen[: r % len(chosen)]:

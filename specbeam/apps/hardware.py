@@ -86,20 +86,23 @@ class HardwareConfig(MachineSettings):
 
     @property
     def target_precision(self) -> str:
-        """float32, bfloat16 or int8: `target_dtype` with auto resolved, and bfloat16
-        as float32 on a CPU that only emulates it (slower than fp32)."""
+        """float32, bfloat16 or int8: `target_dtype` with auto resolved, and float32 for a
+        precision this CPU only emulates (slower than fp32: `onednn.native`)."""
         precision = auto_target_dtype() if self.target_dtype == "auto" else self.target_dtype
-        return "float32" if precision == "bfloat16" and not onednn.bf16_native() else precision
+        return precision if onednn.native(precision) else "float32"
 
     def place(self, pair: LoadedPair) -> LoadedPair:
         """The pair on this machine's device, the target's products in their precision
         (the draft's was chosen at loading)."""
         pair.target.to(device=self.device)
         precision = self.target_precision
-        if self.target_dtype == "bfloat16" and precision == "float32":
+        if precision != self.target_dtype and self.target_dtype != "auto":
+            needs = "bf16" if self.target_dtype == "bfloat16" else "int8 dot products (VNNI)"
             log.warning(
-                "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: %s), "
+                "hardware.target_dtype=%s: this CPU has no native %s (its flags: %s), "
                 "so the target runs float32",
+                self.target_dtype,
+                needs,
                 " ".join(cpu.cpu_flags()) or "no AVX2",
             )
         if precision != "float32":

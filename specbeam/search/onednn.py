@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
-from specbeam.search import quant
+from specbeam.search import cpu, quant
 from specbeam.search.runtime import Runtime
 
 
@@ -86,6 +86,23 @@ def bf16_native() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX). Without, oneDNN
     refuses bf16 and PyTorch emulates it, slower than fp32."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def int8_native() -> bool:
+    """Whether this CPU has int8 dot products (VNNI or AMX), which torch's `_int_mm` runs
+    on oneDNN. Without (AVX2 alone), `_int_mm` is a scalar loop, many times slower than an
+    fp32 product."""
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(cpu.cpu_flags()))
+
+
+def native(precision: str) -> bool:
+    """Whether products in `precision` (float32, bfloat16, int8) run on this CPU's own
+    instructions, not emulated."""
+    if precision == "bfloat16":
+        return bf16_native()
+    if precision == "int8":
+        return int8_native()
+    return True
 
 
 def _runs(weight: Tensor) -> bool:

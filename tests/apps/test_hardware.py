@@ -38,11 +38,24 @@ def test_unknown_dtype_names_the_setting_and_what_is_allowed() -> None:
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_target_dtype_follows_the_cpu(monkeypatch, native) -> None:
     monkeypatch.setattr(onednn, "bf16_native", lambda: native)
+    monkeypatch.setattr(onednn, "int8_native", lambda: native)
     assert HardwareConfig(target_dtype="auto").target_precision == ("bfloat16" if native else "float32")  # fmt: skip
-    assert HardwareConfig(target_dtype="int8").target_precision == "int8"
+    assert HardwareConfig(target_dtype="int8").target_precision == ("int8" if native else "float32")  # fmt: skip
 
 
-def test_place_quantizes_the_target_in_its_precision(tiny_target) -> None:
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [(["avx2"], False), (["avx2", "avx512f", "avx512_vnni"], True), (["avx2", "avx_vnni"], True),
+     (["avx2", "amx_int8"], True)],
+)  # fmt: skip
+def test_int8_is_native_with_vnni_or_amx_only(monkeypatch, flags, native) -> None:
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    assert onednn.int8_native() is native and onednn.native("int8") is native
+    assert onednn.native("float32")
+
+
+def test_place_quantizes_the_target_in_its_precision(monkeypatch, tiny_target) -> None:
+    monkeypatch.setattr(onednn, "int8_native", lambda: True)
     pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
     HardwareConfig(target_dtype="int8").place(pair)
     layers = [m for m in pair.target.modules() if isinstance(m, Projection)]
@@ -66,7 +79,22 @@ def test_bfloat16_without_native_support_runs_float32_with_a_warning(
     assert all(quant.precision_of(p) is None for p in pair.target.parameters())
 
 
-def test_a_target_that_cannot_be_quantized_is_a_one_line_error(tiny_target) -> None:
+def test_int8_without_vnni_runs_float32_with_a_warning(monkeypatch, caplog, tiny_target) -> None:
+    """AVX2 alone: torch's int8 product is a scalar loop, far slower than fp32."""
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: ["avx2"])
+    pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="specbeam.hardware"):
+        HardwareConfig(target_dtype="int8").place(pair)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "hardware.target_dtype=int8: this CPU has no native int8 dot products (VNNI) (its "
+        "flags: avx2), so the target runs float32"
+    )
+    assert all(quant.precision_of(p) is None for p in pair.target.parameters())
+
+
+def test_a_target_that_cannot_be_quantized_is_a_one_line_error(monkeypatch, tiny_target) -> None:
+    monkeypatch.setattr(onednn, "int8_native", lambda: True)
     half = copy.deepcopy(tiny_target).to(torch.bfloat16)
     pair = LoadedPair(tokenizer=None, target=half, draft=None)  # type: ignore[arg-type]
     with pytest.raises(
