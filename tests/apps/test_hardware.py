@@ -63,33 +63,26 @@ def test_place_quantizes_the_target_in_its_precision(monkeypatch, tiny_target) -
     assert all(p.dtype == torch.float32 for p in pair.target.parameters())
 
 
-def test_bfloat16_without_native_support_runs_float32_with_a_warning(
-    monkeypatch, caplog, tiny_target
+@pytest.mark.parametrize(
+    ("dtype", "flags", "message"),
+    [
+        ("bfloat16", ["avx2", "avx512f"], "hardware.target_dtype=bfloat16: this CPU has no "
+         "native bf16 (its flags: avx2 avx512f), so the target runs float32"),
+        # AVX2 alone: torch's int8 product is a scalar loop, far slower than fp32.
+        ("int8", ["avx2"], "hardware.target_dtype=int8: this CPU has no native int8 dot "
+         "products (VNNI) (its flags: avx2), so the target runs float32"),
+    ],
+)  # fmt: skip
+def test_a_precision_without_native_support_runs_float32_with_a_warning(
+    monkeypatch, caplog, tiny_target, dtype, flags, message
 ) -> None:
     monkeypatch.setattr(onednn, "bf16_native", lambda: False)
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: ["avx2", "avx512f"])
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
     pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
     with caplog.at_level("WARNING", logger="specbeam.hardware"):
-        HardwareConfig(target_dtype="bfloat16").place(pair)
+        HardwareConfig(target_dtype=dtype).place(pair)
     (record,) = caplog.records
-    assert record.getMessage() == (
-        "hardware.target_dtype=bfloat16: this CPU has no native bf16 (its flags: avx2 "
-        "avx512f), so the target runs float32"
-    )
-    assert all(quant.precision_of(p) is None for p in pair.target.parameters())
-
-
-def test_int8_without_vnni_runs_float32_with_a_warning(monkeypatch, caplog, tiny_target) -> None:
-    """AVX2 alone: torch's int8 product is a scalar loop, far slower than fp32."""
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: ["avx2"])
-    pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
-    with caplog.at_level("WARNING", logger="specbeam.hardware"):
-        HardwareConfig(target_dtype="int8").place(pair)
-    (record,) = caplog.records
-    assert record.getMessage() == (
-        "hardware.target_dtype=int8: this CPU has no native int8 dot products (VNNI) (its "
-        "flags: avx2), so the target runs float32"
-    )
+    assert record.getMessage() == message
     assert all(quant.precision_of(p) is None for p in pair.target.parameters())
 
 
