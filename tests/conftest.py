@@ -19,6 +19,7 @@ from fairseq2.models.transformer import TransformerModel
 
 from specbeam.apps.data import pad
 from specbeam.integration.models import ModelArch, build_model
+from specbeam.search import attention
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.runtime import Runtime
 
@@ -166,6 +167,14 @@ def tiny_head(tiny_target: TransformerModel) -> DraftHead:
 def sources(seed: int, batch: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [synthetic_pair(gen)[0] for _ in range(batch)]
+
+
+@pytest.fixture
+def kernel_attention(monkeypatch) -> None:
+    """The lean Python loop attends through the extension's kernel, as the native loop
+    does, even with `hardware.native` off (where an fp32 model's attention is torch's SDPA:
+    the same numbers within fp32 rounding only)."""
+    monkeypatch.setattr(attention, "kernel_runs", lambda q: q.dtype == torch.float32)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, final
 
+import torch
 from fairseq2.error import NotSupportedError
 from fairseq2.models.transformer import SDPA, StandardMultiheadAttention, TorchSDPA
 from fairseq2.models.transformer.attention_bias import maybe_get_attention_bias_tensor
@@ -39,6 +40,14 @@ def _kernel(q: Tensor) -> Any:
     if q.device.type != "cpu" or q.size(-1) > MAX_HEAD_DIM:
         return None
     return native.build()
+
+
+def kernel_runs(q: Tensor) -> bool:
+    """Whether an fp32 model's lean layers attend `q` here: fp32, a head dim the kernel
+    holds, and the extension in use (`native.module_for`: built, on the CPU, and
+    `hardware.native` on)."""
+    fits = q.dtype == torch.float32 and q.size(-1) <= MAX_HEAD_DIM
+    return fits and native.module_for(q) is not None
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:

@@ -78,8 +78,13 @@ def _heads(x: Tensor, head_dim: int) -> Tensor:
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, ordered: bool = False) -> Tensor:
     """q (S, T, H, D), k and v (S, K, H, D), bias (S, 1, T, K) or None -> (S, T, H·D).
-    `ordered`: each query alone (`specbeam.search.attention`)."""
-    if ordered:
+
+    Where `specbeam.search.attention`'s kernel runs, every model attends through it (as the
+    native layers do): it skips the keys a query does not see, and a beam's query sees one
+    of the k prefixes the cache interleaves, so at a beam's shapes it is several times
+    faster than torch's SDPA (docs/bench.md). It has no backward: a head's training runs
+    SDPA. `ordered` (a quantized model): through `attention.attend` wherever it runs."""
+    if ordered or (not q.requires_grad and attention.kernel_runs(q)):
         return attention.attend(q, k, v, bias)
     out = scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias

@@ -36,7 +36,7 @@ from fairseq2.models.transformer import StandardTransformerDecoderLayer, Transfo
 from fairseq2.nn import StandardLayerNorm
 from torch import Tensor
 
-from specbeam.search import onednn, quant
+from specbeam.search import attention, onednn
 from specbeam.search.runtime import Runtime
 
 if TYPE_CHECKING:  # the cache calls this module
@@ -127,7 +127,6 @@ class _Layer:
     qkv: tuple[list[Tensor], list[Tensor | None]]
     others: list[tuple[Tensor, Tensor | None]]  # self output, cross q, cross output, ffn
     head_dim: int
-    ordered: bool  # attends through specbeam.search.attention
 
     @staticmethod
     def of(layer: StandardTransformerDecoderLayer) -> _Layer:
@@ -149,7 +148,6 @@ class _Layer:
                 )
             ],  # fmt: skip
             head_dim=attn.head_dim,
-            ordered=quant.attends_in_order(attn),
         )
 
 
@@ -193,6 +191,8 @@ class NativeLayers:
         for layer in decoder.layers:
             if type(layer.ffn.inner_activation) is not torch.nn.ReLU:
                 return f"feed-forward activation {type(layer.ffn.inner_activation).__name__}"
+            if layer.self_attn.head_dim > attention.MAX_HEAD_DIM:
+                return f"head dim {layer.self_attn.head_dim} above {attention.MAX_HEAD_DIM}"
         if not all(isinstance(s, SpeculativeSelfAttentionState) for s in self_states):
             return "self-attention states other than the speculative cache's"
         if not all(isinstance(s, CrossAttentionState) for s in cross_states):
@@ -221,7 +221,7 @@ class NativeLayers:
                 settled &= p.settled
             per_layer.append(tensors)
             ints += [p.kind for p in products]
-            ints += [*qkv.sizes, layer.head_dim, layer.ordered]
+            ints += [*qkv.sizes, layer.head_dim]
         resolved = _Resolved(per_layer, ints)
         if settled:
             self._resolved[key] = resolved

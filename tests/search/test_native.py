@@ -47,7 +47,7 @@ def test_its_loops_share_torchs_threads() -> None:
 
 @pytest.mark.parametrize("min_rows", [1, 10_000], ids=["onednn", "mkl"])
 def test_native_layers_match_the_python_loop_bit_for_bit(
-    tiny_target, monkeypatch, min_rows, use_runtime
+    tiny_target, monkeypatch, min_rows, use_runtime, kernel_attention
 ) -> None:
     """Rounds of tree calls on a padded batch, every other one packed, reading taps, and
     commits: the same masks, states, taps, logits and cache contents whichever loop ran."""
@@ -149,7 +149,7 @@ def test_calls_off_the_cpu_run_the_portable_path(tiny_target, monkeypatch) -> No
 
 @pytest.mark.parametrize("draft", ["random_head", "fused_head", "tiny_draft"])
 def test_speculative_search_is_the_same_on_either_loop(
-    request, tiny_target, vocab_info, draft, use_runtime
+    request, tiny_target, vocab_info, draft, use_runtime, kernel_attention
 ) -> None:
     drafter = request.getfixturevalue(draft)
     srcs = sources(seed=41, batch=3)

@@ -128,7 +128,7 @@ def test_quantize_swaps_every_linear_layer(quantized) -> None:
 @pytest.mark.parametrize("min_rows", [1, 10_000], ids=["onednn", "mkl"])
 def test_native_layers_match_the_python_loop(quantized, monkeypatch, min_rows, use_runtime):
     test_native_layers_match_the_python_loop_bit_for_bit(
-        quantized[0], monkeypatch, min_rows, use_runtime
+        quantized[0], monkeypatch, min_rows, use_runtime, kernel_attention=None
     )
 
 

@@ -19,31 +19,36 @@ namespace {
 constexpr float kMasked = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxChunks = 8;  // head dims up to 128 in vector registers
 
-// The 16 lanes summed in a fixed tree.
-INLINE float sum(v16f a) {
-  v8f b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
-          __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+// The kernel computes in 8-lane vectors: AVX2 keeps them in registers, where GCC lowers
+// 64-byte ones through the stack. A head's dot product still sums 16 lanes (two halves,
+// lo and hi), as in the clones that could hold them in one register: the same bits on
+// every CPU.
+constexpr int64_t kHalf = 8;
+
+// lo + hi, then the 8 lanes summed in a fixed tree.
+INLINE float sum(v8f lo, v8f hi) {
+  const v8f b = lo + hi;
   v4f c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-// Cephes' expf on 16 lanes (x <= 0 here): each lane's result depends on its own input.
-INLINE v16f exp16(v16f x) {
-  const v16f floor_x = x - x - 87.0f;
+// Cephes' expf on 8 lanes (x <= 0 here): each lane's result depends on its own input.
+INLINE v8f exp8(v8f x) {
+  const v8f floor_x = x - x - 87.0f;
   x = x < floor_x ? floor_x : x;
-  const v16f fx = x * 1.44269504088896341f + 0.5f;
-  v16i n = __builtin_convertvector(fx, v16i);
-  n += __builtin_convertvector(n, v16f) > fx;  // truncated towards zero: -1 more below it
-  const v16f nf = __builtin_convertvector(n, v16f);
+  const v8f fx = x * 1.44269504088896341f + 0.5f;
+  v8i n = __builtin_convertvector(fx, v8i);
+  n += __builtin_convertvector(n, v8f) > fx;  // truncated towards zero: -1 more below it
+  const v8f nf = __builtin_convertvector(n, v8f);
   x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
-  v16f y = x * 1.9875691500e-4f + 1.3981999507e-3f;
+  v8f y = x * 1.9875691500e-4f + 1.3981999507e-3f;
   y = y * x + 8.3334519073e-3f;
   y = y * x + 4.1665795894e-2f;
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
   y = y * x * x + x + 1.0f;
-  const v16i bits = (n + 127) << 23;
-  v16f scale;
+  const v8i bits = (n + 127) << 23;
+  v8f scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return y * scale;
 }
@@ -63,58 +68,82 @@ struct Seen {
   int64_t n;
 };
 
-// One head of one query: C = the head dim's whole 16-lane chunks, known when compiled so
-// that the sums stay in registers; the dims past them are summed after, one at a time.
+// A thread's buffers: per head its weights (padded: the exp reads whole vectors), largest
+// weight, total and output sums.
+struct Scratch {
+  explicit Scratch(const Problem& p)
+      : stride(p.keys + kLanes), weight(p.heads * stride), top(p.heads), total(p.heads),
+        acc(p.heads * p.dim) {}
+  int64_t stride;
+  std::vector<float> weight, top, total, acc;
+};
+
+// Every head of one query, key by key: a key's heads sit side by side (one contiguous
+// row in the cache), so the heads' loops go inside the keys' loop and each key is read
+// once. Each head's sums still run over its keys in order, as the same IEEE operations:
+// the bits do not depend on the loop order. C = the head dim's whole 16-lane chunks, known
+// when compiled; the dims past them are summed after each chunk, one at a time.
 template <int C>
-INLINE void attend_head(const Problem& p, const float* q, const float* k0, const float* v0,
-                        const Seen& seen, float* weight, float* o) {
-  const int64_t dim = p.dim, rest = C * kLanes;
-  v16f qv[C > 0 ? C : 1];
-  UNROLLED
-  for (int c = 0; c < C; ++c) qv[c] = load<v16f>(q + kLanes * c);
-  float top = kMasked;
+INLINE void attend_query(const Problem& p, int64_t s, int64_t r, const float* q,
+                         const Seen& seen, Scratch& w) {
+  const int64_t dim = p.dim, heads = p.heads, rest = C * kLanes, stride = w.stride;
+  const float* k0 = p.k + s * p.k_s;
+  const float* v0 = p.v + s * p.v_s;
+  float* weight = w.weight.data();  // (heads, stride)
+  for (int64_t h = 0; h < heads; ++h) w.top[h] = kMasked;
   for (int64_t i = 0; i < seen.n; ++i) {
     const float* k = k0 + seen.key[i] * p.k_k;
-    v16f acc = {};
-    UNROLLED
-    for (int c = 0; c < C; ++c) acc += qv[c] * load<v16f>(k + kLanes * c);
-    float dot = sum(acc);
-    for (int64_t d = rest; d < dim; ++d) dot += q[d] * k[d];
-    weight[i] = dot * p.scale + seen.bias[i];
-    top = weight[i] > top ? weight[i] : top;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float *qh = q + h * dim, *kh = k + h * dim;
+      v8f lo = {}, hi = {};
+      UNROLLED
+      for (int c = 0; c < C; ++c) {
+        lo += load<v8f>(qh + kLanes * c) * load<v8f>(kh + kLanes * c);
+        hi += load<v8f>(qh + kLanes * c + kHalf) * load<v8f>(kh + kLanes * c + kHalf);
+      }
+      float dot = sum(lo, hi);
+      for (int64_t d = rest; d < dim; ++d) dot += qh[d] * kh[d];
+      const float x = dot * p.scale + seen.bias[i];
+      weight[h * stride + i] = x;
+      w.top[h] = x > w.top[h] ? x : w.top[h];
+    }
   }
-  for (int64_t i = 0; i < seen.n; i += kLanes)
-    store(weight + i, exp16(load<v16f>(weight + i) - top));
-  float total = 0.0f;
-  v16f acc[C > 0 ? C : 1] = {};
-  float tail[kLanes] = {};
+  for (int64_t h = 0; h < heads; ++h) {
+    float* wh = weight + h * stride;
+    for (int64_t i = 0; i < seen.n; i += kHalf) store(wh + i, exp8(load<v8f>(wh + i) - w.top[h]));
+    float total = 0.0f;
+    for (int64_t i = 0; i < seen.n; ++i) total += wh[i];
+    w.total[h] = total;
+  }
+  float* acc = w.acc.data();  // (heads, dim)
+  std::fill(acc, acc + heads * dim, 0.0f);
   for (int64_t i = 0; i < seen.n; ++i) {
-    const float w = weight[i];
     const float* v = v0 + seen.key[i] * p.v_k;
-    total += w;
-    UNROLLED
-    for (int c = 0; c < C; ++c) acc[c] += w * load<v16f>(v + kLanes * c);
-    for (int64_t d = rest; d < dim; ++d) tail[d - rest] += w * v[d];
+    for (int64_t h = 0; h < heads; ++h) {
+      const float wi = weight[h * stride + i];
+      const float* vh = v + h * dim;
+      float* ah = acc + h * dim;
+      UNROLLED
+      for (int c = 0; c < 2 * C; ++c)
+        store(ah + kHalf * c, load<v8f>(ah + kHalf * c) + wi * load<v8f>(vh + kHalf * c));
+      for (int64_t d = rest; d < dim; ++d) ah[d] += wi * vh[d];
+    }
   }
-  UNROLLED
-  for (int c = 0; c < C; ++c) store(o + kLanes * c, acc[c] / total);
-  for (int64_t d = rest; d < dim; ++d) o[d] = tail[d - rest] / total;
-}
-
-template <int C>
-INLINE void attend_heads(const Problem& p, int64_t s, int64_t r, const float* q,
-                         const Seen& seen, float* weight) {
-  for (int64_t h = 0; h < p.heads; ++h) {
-    float* o = p.out + (r * p.heads + h) * p.dim;
-    attend_head<C>(p, q + h * p.dim, p.k + s * p.k_s + h * p.dim, p.v + s * p.v_s + h * p.dim,
-                   seen, weight, o);
+  float* o = p.out + r * heads * dim;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* ah = acc + h * dim;
+    UNROLLED
+    for (int c = 0; c < 2 * C; ++c)
+      store(o + h * dim + kHalf * c, load<v8f>(ah + kHalf * c) / w.total[h]);
+    for (int64_t d = rest; d < dim; ++d) o[h * dim + d] = ah[d] / w.total[h];
   }
 }
 
 // Queries [begin, end) of the flattened (S, T).
 CLONES void attend_queries(const Problem& p, int64_t begin, int64_t end) {
   std::vector<int64_t> key(p.keys);
-  std::vector<float> bias(p.keys), weight(p.keys + kLanes);
+  std::vector<float> bias(p.keys);
+  Scratch w(p);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t s = r / p.t, t = r % p.t;
     const float* row = p.bias ? p.bias + s * p.b_s + t * p.b_t : nullptr;
@@ -132,15 +161,15 @@ CLONES void attend_queries(const Problem& p, int64_t begin, int64_t end) {
     const Seen seen{key.data(), bias.data(), n};
     const float* q = p.q + s * p.q_s + t * p.q_t;
     switch (p.dim / kLanes) {
-      case 0: attend_heads<0>(p, s, r, q, seen, weight.data()); break;
-      case 1: attend_heads<1>(p, s, r, q, seen, weight.data()); break;
-      case 2: attend_heads<2>(p, s, r, q, seen, weight.data()); break;
-      case 3: attend_heads<3>(p, s, r, q, seen, weight.data()); break;
-      case 4: attend_heads<4>(p, s, r, q, seen, weight.data()); break;
-      case 5: attend_heads<5>(p, s, r, q, seen, weight.data()); break;
-      case 6: attend_heads<6>(p, s, r, q, seen, weight.data()); break;
-      case 7: attend_heads<7>(p, s, r, q, seen, weight.data()); break;
-      default: attend_heads<kMaxChunks>(p, s, r, q, seen, weight.data()); break;
+      case 0: attend_query<0>(p, s, r, q, seen, w); break;
+      case 1: attend_query<1>(p, s, r, q, seen, w); break;
+      case 2: attend_query<2>(p, s, r, q, seen, w); break;
+      case 3: attend_query<3>(p, s, r, q, seen, w); break;
+      case 4: attend_query<4>(p, s, r, q, seen, w); break;
+      case 5: attend_query<5>(p, s, r, q, seen, w); break;
+      case 6: attend_query<6>(p, s, r, q, seen, w); break;
+      case 7: attend_query<7>(p, s, r, q, seen, w); break;
+      default: attend_query<kMaxChunks>(p, s, r, q, seen, w); break;
     }
   }
 }

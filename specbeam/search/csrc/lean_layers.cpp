@@ -150,11 +150,11 @@ struct Packing {
   }
 };
 
-// lean_decoder._attend: q (S, T, H, D), k and v (S, K, H, D) -> (S, T, H·D); `ordered`:
-// each query alone, over its keys in order (attention.attend).
-Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const MaybeTensor& bias,
-              bool ordered) {
-  if (ordered) return ordered_attention(q, k, v, bias);
+// lean_decoder._attend where the extension is built: q (S, T, H, D), k and v (S, K, H, D)
+// -> (S, T, H·D); fp32 through attention.cpp (NativeLayers.problem: a head dim it holds),
+// other dtypes (a bf16 draft) through torch's SDPA.
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const MaybeTensor& bias) {
+  if (q.scalar_type() == at::kFloat) return ordered_attention(q, k, v, bias);
   Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                 v.transpose(1, 2), bias);
   return out.transpose(1, 2).flatten(2);
@@ -170,11 +170,10 @@ Tensor norm(const Tensor& x, const MaybeTensor& w, const MaybeTensor& b, double 
 // products (weight, bias, packed copy, int8 scales: q/k/v stacked, self output, cross q,
 // cross output, inner, output), then the cache's keys and values (S, keys, H, D), and the
 // source's cross keys and values (S, K, H, D). `ints` holds, per layer, the six products'
-// kinds, the q/k/v widths, the head dim and whether it attends in order (attention.py);
-// `eps` the three norms' epsilons. Then the final norm (weight, bias; eps last). Returns
+// kinds, the q/k/v widths and the head dim; `eps` the three norms' epsilons. Then the final norm (weight, bias; eps last). Returns
 // the final states, then the outputs of `taps`.
 extern const size_t kTensorsPerLayer = 6 + 24 + 4;
-extern const size_t kIntsPerLayer = 6 + 3 + 2;
+extern const size_t kIntsPerLayer = 6 + 3 + 1;
 
 std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
                            const std::vector<int64_t>& ints, const std::vector<double>& eps,
@@ -194,7 +193,6 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
       return product(in, n[i], *w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
     };
     const int64_t head_dim = n[9];
-    const bool ordered = n[10] != 0;  // quant.attends_in_order
     const Tensor &keys = *p[30], &values = *p[31], &cross_k = *p[32], &cross_v = *p[33];
 
     Tensor h = norm(x, p[0], p[1], e[0]);
@@ -204,12 +202,12 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
     Tensor v = packing.unpack(qkv[2]).unflatten(-1, {-1, head_dim});
     keys.narrow(1, start, t).copy_(k);
     values.narrow(1, start, t).copy_(v);
-    Tensor a = packing.pack(attend(q, keys.narrow(1, 0, start + t),
-                                   values.narrow(1, 0, start + t), self_bias, ordered));
+    Tensor a = packing.pack(
+        attend(q, keys.narrow(1, 0, start + t), values.narrow(1, 0, start + t), self_bias));
     x = x + run(1, a);
     h = norm(x, p[2], p[3], e[1]);
     q = packing.unpack(run(2, h)).unflatten(-1, {-1, head_dim});
-    a = packing.pack(attend(q, cross_k, cross_v, cross_bias, ordered));
+    a = packing.pack(attend(q, cross_k, cross_v, cross_bias));
     x = x + run(3, a);
     h = norm(x, p[4], p[5], e[2]);
     x = x + run(5, at::relu(run(4, h)));

@@ -11,6 +11,7 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 typedef int8_t v16c __attribute__((vector_size(16)));
 
 constexpr int64_t kLanes = 16;  // of the v16 types
