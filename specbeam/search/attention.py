@@ -1,4 +1,4 @@
-"""Quantized targets' attention: each query alone, over the keys it sees in key order.
+"""The lean layers' attention: each query alone, over the keys it sees in key order.
 
 A quantized target rounds attention's outputs to 8 bits in the next product (int8 or
 bf16, `specbeam.search.quant`), and a quantum is ~1e5 fp32 ulps, so a verification must
@@ -8,14 +8,17 @@ slots sit beside the cached prefix, other hypotheses' prefixes are interleaved w
 query's own (`specbeam.search.cache`), and an accepted token's key sits at another index
 than a plain step would have written it to. `csrc/attention.cpp` sums each query's
 visible keys one after another in key order and skips the masked ones, so its result
-depends on nothing else; skipping them is also what makes it fast (a beam's query sees
-one hypothesis' prefix of the k the cache interleaves).
+depends on nothing else. Skipping them is also what makes it fast: a beam's query sees
+one hypothesis' prefix of the k the cache interleaves, where torch's SDPA computes and
+masks them all, and at a beam's few queries per call its per-block overhead dominates. So
+fp32 models' lean layers attend here too, wherever the extension is in use
+(`kernel_runs`); elsewhere they run torch's SDPA.
 
-Where the extension is not built, or off the CPU, attention runs in fp64 rounded back to
-fp32: the same fp32 result unless the fp64 one lies within ~1e-16 of an fp32 boundary.
-The fairseq2 modules of a quantized target (`OrderedSDPA`), the lean decoders and the
-native layers all attend here, so fairseq2's own generators run the same numbers.
-"""
+Where the extension is not built, or off the CPU, a quantized target attends in fp64
+rounded back to fp32: the same fp32 result unless the fp64 one lies within ~1e-16 of an
+fp32 boundary. The fairseq2 modules of a quantized target (`OrderedSDPA`), the lean
+decoders and the native layers all attend here, so fairseq2's own generators run the same
+numbers."""
 
 from __future__ import annotations
 
