@@ -97,9 +97,13 @@ class HardwareConfig(MachineSettings):
         pair.target.to(device=self.device)
         precision = self.target_precision
         if precision != self.target_dtype and self.target_dtype != "auto":
-            needs = "bf16" if self.target_dtype == "bfloat16" else "int8 dot products (VNNI)"
+            needs = (
+                "native bf16"
+                if self.target_dtype == "bfloat16"
+                else "VNNI or AMX for int8 products"
+            )
             log.warning(
-                "hardware.target_dtype=%s: this CPU has no native %s (its flags: %s), "
+                "hardware.target_dtype=%s: this CPU has no %s (its flags: %s), "
                 "so the target runs float32",
                 self.target_dtype,
                 needs,

@@ -69,8 +69,8 @@ def test_place_quantizes_the_target_in_its_precision(monkeypatch, tiny_target) -
         ("bfloat16", ["avx2", "avx512f"], "hardware.target_dtype=bfloat16: this CPU has no "
          "native bf16 (its flags: avx2 avx512f), so the target runs float32"),
         # AVX2 alone: torch's int8 product is a scalar loop, far slower than fp32.
-        ("int8", ["avx2"], "hardware.target_dtype=int8: this CPU has no native int8 dot "
-         "products (VNNI) (its flags: avx2), so the target runs float32"),
+        ("int8", ["avx2"], "hardware.target_dtype=int8: this CPU has no VNNI or AMX for int8 "
+         "products (its flags: avx2), so the target runs float32"),
     ],
 )  # fmt: skip
 def test_a_precision_without_native_support_runs_float32_with_a_warning(
