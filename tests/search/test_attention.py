@@ -1,4 +1,4 @@
-"""Quantized targets' attention: a query's result depends only on the keys it sees and
+"""The lean layers' attention: a query's result depends only on the keys it sees and
 their order, bit for bit; it is softmax attention within fp32 rounding; fairseq2's modules
 run it over the masks their SDPA would apply; elsewhere it falls back to fp64."""
 

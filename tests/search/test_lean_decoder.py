@@ -11,7 +11,8 @@ import torch
 from fairseq2.models.transformer import TransformerNormOrder
 
 from specbeam.apps.data import pad
-from specbeam.search.lean_decoder import Packing, lean_problem
+from specbeam.search import native
+from specbeam.search.lean_decoder import Packing, _attend, lean_problem
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources
@@ -124,3 +125,31 @@ def test_calls_with_little_padding_are_not_packed() -> None:
     )
     x = torch.randn(4, 30, 3)
     assert torch.equal(packing.unpack(packing.pack(x)), x * valid[..., None])
+
+
+def test_fp32_attention_runs_the_kernel_where_the_extension_is_in_use(use_runtime) -> None:
+    """The kernel where the extension is in use; torch's SDPA with `hardware.native` off,
+    and where autograd needs a backward (a head's training); both within fp32 rounding."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, n, 3, 16, generator=gen) for n in (5, 9, 9))
+    bias = torch.zeros(2, 1, 5, 9).masked_fill_(
+        torch.rand(2, 1, 5, 9, generator=gen) < 0.4, -torch.inf
+    )
+    bias[..., 0] = 0.0
+    kernel = native.build().ordered_attention(q, k, v, bias)
+    sdpa = (
+        torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
+        )
+        .transpose(1, 2)
+        .flatten(2)
+    )
+    with torch.inference_mode():
+        assert torch.equal(_attend(q, k, v, bias), kernel)
+        use_runtime(native=False)
+        assert torch.equal(_attend(q, k, v, bias), sdpa)
+    use_runtime(native=True)
+    trained = _attend(q.requires_grad_(), k, v, bias)
+    assert trained.requires_grad and torch.equal(trained.detach(), sdpa)
+    assert not torch.equal(kernel, sdpa)  # so the checks above tell the two apart
+    torch.testing.assert_close(kernel, sdpa, atol=2e-6, rtol=1e-5)
