@@ -170,8 +170,8 @@ Tensor norm(const Tensor& x, const MaybeTensor& w, const MaybeTensor& b, double 
 // products (weight, bias, packed copy, int8 scales: q/k/v stacked, self output, cross q,
 // cross output, inner, output), then the cache's keys and values (S, keys, H, D), and the
 // source's cross keys and values (S, K, H, D). `ints` holds, per layer, the six products'
-// kinds, the q/k/v widths and the head dim; `eps` the three norms' epsilons. Then the final norm (weight, bias; eps last). Returns
-// the final states, then the outputs of `taps`.
+// kinds, the q/k/v widths and the head dim; `eps` the three norms' epsilons. Then the final
+// norm (weight, bias; eps last). Returns the final states, then the outputs of `taps`.
 extern const size_t kTensorsPerLayer = 6 + 24 + 4;
 extern const size_t kIntsPerLayer = 6 + 3 + 1;
 
