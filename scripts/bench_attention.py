@@ -18,20 +18,11 @@ import time
 
 import torch
 from torch import Tensor
-from torch.nn.functional import scaled_dot_product_attention
 
-from specbeam.search import native
+from specbeam.search import attention, native
 from specbeam.search.cpu import cpu_kind
 
 HEADS, HEAD_DIM, SOURCE_LEN = 8, 64, 32
-
-
-def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-    """As the lean decoder calls torch's SDPA: (S, T, H, D) in, (S, T, H·D) out."""
-    out = scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
-    )
-    return out.transpose(1, 2).flatten(2)
 
 
 def problems(sources: int, beam: int, prefixes: list[int]) -> dict[str, tuple]:
@@ -68,14 +59,14 @@ def main() -> None:
     ext = native.build()
     if ext is None:
         raise SystemExit("error: the native extension could not be built (scripts/setup.sh)")
-    kernels = {"sdpa": sdpa, "kernel": ext.ordered_attention}
+    kernels = {"sdpa": attention.sdpa, "kernel": ext.ordered_attention}
     shapes: dict[str, tuple] = {}
     for s in args.sources:
         shapes.update(problems(s, args.beam, args.prefix))
     times: dict[tuple[str, str], list[float]] = {}
     with torch.inference_mode():
         for name, inputs in shapes.items():
-            diff = (sdpa(*inputs) - ext.ordered_attention(*inputs)).abs().max().item()
+            diff = (attention.sdpa(*inputs) - ext.ordered_attention(*inputs)).abs().max().item()
             print(f"{name}: max |kernel − SDPA| {diff:.1e}")
         for _ in range(args.repeats):
             for name, inputs in shapes.items():

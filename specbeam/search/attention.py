@@ -59,13 +59,17 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     ext = _kernel(q)
     if ext is not None:
         return ext.ordered_attention(q, k, v, bias)
+    mask = None if bias is None else bias.double()
+    return sdpa(q.double(), k.double(), v.double(), mask).float()
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """torch's SDPA on the lean layers' layout: q (S, T, H, D), k and v (S, K, H, D), bias
+    broadcastable to (S, 1, T, K) or None -> (S, T, H·D)."""
     out = scaled_dot_product_attention(
-        q.double().transpose(1, 2),
-        k.double().transpose(1, 2),
-        v.double().transpose(1, 2),
-        attn_mask=None if bias is None else bias.double(),
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
     )
-    return out.float().transpose(1, 2).flatten(2)
+    return out.transpose(1, 2).flatten(2)
 
 
 @final

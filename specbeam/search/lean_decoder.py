@@ -26,7 +26,7 @@ from fairseq2.models.transformer import (
 )
 from fairseq2.nn import Linear, StandardLayerNorm
 from torch import Tensor
-from torch.nn.functional import layer_norm, scaled_dot_product_attention
+from torch.nn.functional import layer_norm
 
 from specbeam.search import attention, native, quant
 from specbeam.search.onednn import linear, linears
@@ -86,10 +86,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, ordered: bool 
     SDPA. `ordered` (a quantized model): through `attention.attend` wherever it runs."""
     if ordered or (not q.requires_grad and attention.kernel_runs(q)):
         return attention.attend(q, k, v, bias)
-    out = scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
-    )
-    return out.transpose(1, 2).flatten(2)
+    return attention.sdpa(q, k, v, bias)
 
 
 MIN_PADDING = 0.1

@@ -11,7 +11,7 @@ import torch
 from fairseq2.models.transformer import TransformerNormOrder
 
 from specbeam.apps.data import pad
-from specbeam.search import native
+from specbeam.search import attention, native
 from specbeam.search.lean_decoder import Packing, _attend, lean_problem
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
@@ -137,13 +137,7 @@ def test_fp32_attention_runs_the_kernel_where_the_extension_is_in_use(use_runtim
     )
     bias[..., 0] = 0.0
     kernel = native.build().ordered_attention(q, k, v, bias)
-    sdpa = (
-        torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
-        )
-        .transpose(1, 2)
-        .flatten(2)
-    )
+    sdpa = attention.sdpa(q, k, v, bias)
     with torch.inference_mode():
         assert torch.equal(_attend(q, k, v, bias), kernel)
         use_runtime(native=False)
