@@ -1,5 +1,6 @@
-"""The lean decoder's layer loop (`csrc/lean_layers.cpp`) and exact acceptance's replay
-(`csrc/accept.cpp`) compiled, where a C++ compiler is at hand.
+"""The lean decoder's layer loop (`csrc/lean_layers.cpp`), its attention
+(`csrc/attention.cpp`), few-row products (`csrc/few_rows.cpp`) and exact acceptance's
+replay (`csrc/accept.cpp`) compiled, where a C++ compiler is at hand.
 
 Each small op of a decoder call (norms, views, residual adds, attention's transposes,
 cache writes: ~30 per layer) costs several times its back-to-back time in Python,
@@ -45,7 +46,9 @@ if TYPE_CHECKING:  # the cache calls this module
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / f"{name}.cpp" for name in ("module", "lean_layers", "attention", "accept")]
+SOURCES = [
+    CSRC / f"{name}.cpp" for name in ("module", "lean_layers", "attention", "few_rows", "accept")
+]
 HEADERS = [CSRC / name for name in ("native.h", "vec.h")]
 
 

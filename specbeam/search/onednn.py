@@ -14,6 +14,10 @@ rows; so fp32 products of fewer than `min_rows` rows go to MKL (by default 8 on 
 CPUs, never elsewhere). A row count of `MIN_PACKED_ROWS` or more that recurs (beam 5's
 plain steps: 5 rows, every call) runs on MKL's packed GEMM, whose copy of the weight is
 packed for that one row count.
+
+Elsewhere, fp32 products of at most `MAX_FEW_ROWS` rows (a batch-1 decoder call) run on the
+compiled extension's own product where it is in use (`csrc/few_rows.cpp`): oneDNN's op
+costs tens of microseconds per call beside its kernel, and such a call is little else.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -69,6 +74,8 @@ MAX_ROW_COUNTS = 2
 """Row counts packed per weight: each is a copy of it (the target's 104 MB)."""
 MIN_PACKED_ROWS = 4
 """Below this, MKL's packed GEMM loses to its plain one (on the Intel CPU measured: `docs/bench.md`)."""
+MAX_FEW_ROWS = 8
+"""Rows up to which fp32 products run on the extension's own product (`csrc/few_rows.cpp`)."""
 _MKL = torch.backends.mkl.is_available()  # a build-time property, read once
 
 
@@ -145,9 +152,9 @@ class _RowPacks:
     uses: Counter[int] = field(default_factory=Counter)
 
 
-TORCH, MKL, ONEDNN, BF16, INT8 = 0, 1, 2, 3, 4
-"""How a `Product` runs: `torch.nn.functional.linear`, MKL's packed GEMM, oneDNN's, or a
-weight's reduced precision (`specbeam.search.quant`)."""
+TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS = 0, 1, 2, 3, 4, 5
+"""How a `Product` runs: `torch.nn.functional.linear`, MKL's packed GEMM, oneDNN's, a
+weight's reduced precision (`specbeam.search.quant`), or the extension's few-row product."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +186,8 @@ class Product:
             return out.view(*x.shape[:-1], self.weight.size(0))
         if self.kind == ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.kind == FEW_ROWS:
+            return _extension().few_rows_product(x, self.weight, self.bias)
         return _torch_linear(x, self.weight, self.bias)
 
 
@@ -204,6 +213,25 @@ def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
     return Product(MKL, weight, bias, copy)
 
 
+def _extension() -> ModuleType | None:
+    from specbeam.search import native  # which imports this module
+
+    return native.build()
+
+
+def _own_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether the extension's few-row product runs this fp32 product (`MAX_FEW_ROWS`)."""
+    return (
+        rows <= MAX_FEW_ROWS
+        and Runtime.current().native
+        and weight.dtype == torch.float32
+        and weight.is_contiguous()
+        and weight.size(1) % 8 == 0
+        and (bias is None or bias.is_contiguous())
+        and _extension() is not None
+    )
+
+
 def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
     """Whether `torch.nn.functional.linear` runs the product: oneDNN's packed copies and
     MKL's are CPU kernels, and for inference only."""
@@ -215,10 +243,10 @@ def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
     )
 
 
-def settings() -> tuple[bool, int, bool]:
+def settings() -> tuple[bool, int, bool, bool]:
     """What a resolution depends on beside its tensors and row count."""
     runtime = Runtime.current()
-    return runtime.onednn, runtime.onednn_min_rows, torch.is_grad_enabled()
+    return runtime.onednn, runtime.onednn_min_rows, runtime.native, torch.is_grad_enabled()
 
 
 def _quantized(weight: Tensor, bias: Tensor | None) -> Product | None:
@@ -240,6 +268,8 @@ def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) 
         return Product(TORCH, weight, bias)
     if _few_rows(rows, dtype):
         return _mkl_few_rows(rows, weight, bias)
+    if _own_few_rows(rows, weight, bias):
+        return Product(FEW_ROWS, weight, bias)
     w = packed(weight)
     return Product(TORCH, weight, bias) if w is None else Product(ONEDNN, weight, bias, w)
 
@@ -286,6 +316,8 @@ def resolve_group(
         return dataclasses.replace(quantized, sizes=sizes)
     if _few_rows(rows, dtype):
         return dataclasses.replace(_mkl_few_rows(rows, stacked, bias), sizes=sizes)
+    if _own_few_rows(rows, stacked, bias):
+        return Product(FEW_ROWS, stacked, bias, sizes=sizes)
     return Product(ONEDNN, stacked, bias, copy, sizes)
 
 

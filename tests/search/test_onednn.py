@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.nn.functional import linear as torch_linear
 
-from specbeam.search import onednn
+from specbeam.search import native, onednn
 from specbeam.search.onednn import linear, linears, packed
 
 pytestmark = pytest.mark.skipif(
@@ -12,8 +12,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _enabled(use_runtime):
-    """oneDNN at every row count, as on CPUs other than Intel's."""
-    use_runtime(onednn=True, onednn_min_rows=1)
+    """oneDNN at every row count, as on CPUs other than Intel's, without the extension's
+    few-row product (its own tests below turn it on)."""
+    use_runtime(onednn=True, onednn_min_rows=1, native=False)
 
 
 needs_mkl = pytest.mark.skipif(
@@ -219,6 +220,40 @@ def test_a_changed_weight_drops_its_row_packings(use_runtime):
     with torch.inference_mode():
         assert torch.equal(linear(x, w, b), torch_linear(x, w, b))
         assert not onednn._row_packs[w].packed
+
+
+def _extension_in_use(use_runtime):
+    if native.build() is None:
+        pytest.skip("the extension is not built here")
+    use_runtime(native=True)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@torch.inference_mode()
+def test_few_rows_run_the_extensions_product_a_row_alone(with_bias, use_runtime):
+    """Up to MAX_FEW_ROWS rows: fp32 sums within rounding of torch's, and a
+    row's result the same bits whatever rows share its call, for plain and stacked
+    linears; more rows, or a width the product does not take, run oneDNN."""
+    _extension_in_use(use_runtime)
+    w, b = weights(out=45, inp=64)
+    bias = b if with_bias else None
+    ws, bs = group()
+    rows = onednn.MAX_FEW_ROWS
+    x = torch.randn(2, rows, 64)
+    for n in range(1, rows + 1):
+        assert onednn.resolve(n, x.dtype, w, bias).kind == onednn.FEW_ROWS
+        got = linear(x[0, :n], w, bias)
+        torch.testing.assert_close(got, torch_linear(x[0, :n], w, bias), rtol=0, atol=1e-5)
+        assert all(torch.equal(got[i], linear(x[0, i : i + 1], w, bias)[0]) for i in range(n))
+        stacked = linears(x[0, :n], ws, bs)
+        alone = linears(x[0, n - 1 : n], ws, bs)
+        for out, one, wi, bi in zip(stacked, alone, ws, bs, strict=True):
+            torch.testing.assert_close(out, torch_linear(x[0, :n], wi, bi), rtol=0, atol=1e-5)
+            assert torch.equal(out[n - 1], one[0])
+    assert onednn.resolve(rows + 1, x.dtype, w, bias).kind == onednn.ONEDNN
+    odd = torch.randn(45, 60)
+    assert onednn.resolve(1, x.dtype, odd, None).kind == onednn.ONEDNN
+    assert torch.equal(linear(x, w, bias).flatten(0, 1), linear(x.flatten(0, 1), w, bias))
 
 
 def test_packings_live_as_long_as_their_weight():

@@ -16,8 +16,8 @@
 
 namespace {
 
-// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN, BF16, INT8.
-constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2, kBf16 = 3, kInt8 = 4;
+// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS.
+constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2, kBf16 = 3, kInt8 = 4, kFewRows = 5;
 constexpr double kTiny = 1e-30;  // quant._TINY
 constexpr int64_t kGrain = 32768;  // elements a thread takes at least
 
@@ -120,6 +120,7 @@ Tensor product(const Tensor& x, int64_t kind, const Tensor& w, const MaybeTensor
                const MaybeTensor& packed, const MaybeTensor& scales) {
   if (kind == kInt8) return int8_product(x, *packed, *scales, b);
   if (kind == kBf16) return bf16_product(x, *packed, b);
+  if (kind == kFewRows) return few_rows_product(x, w, b);
   if (kind == kMkl) {
     static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "");
     const int64_t rows = x.numel() / x.size(-1);

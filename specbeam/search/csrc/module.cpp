@@ -1,11 +1,13 @@
 // The extension's Python bindings: the lean decoder's layers (lean_layers.cpp), the
-// quantized targets' attention (attention.cpp) and acceptance's replay (accept.cpp).
+// lean layers' attention (attention.cpp), fp32 products over a few rows (few_rows.cpp) and
+// acceptance's replay (accept.cpp).
 #include "native.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "a pre-LN decoder's layers over one call's slots");
   m.def("ordered_attention", &ordered_attention,
         "attention summing each query's visible keys in key order, alone");
+  m.def("few_rows_product", &few_rows_product, "x @ w^T + b over 1 to 8 rows of fp32");
   m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
   m.def("accept", &accept, "acceptance (exact or relaxed) over a verified draft tree");
   m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;
