@@ -13,8 +13,10 @@ falls alike; prints min and median ms per call and SDPA's median over the kernel
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -63,29 +65,46 @@ def main() -> None:
     shapes: dict[str, tuple] = {}
     for s in args.sources:
         shapes.update(problems(s, args.beam, args.prefix))
-    times: dict[tuple[str, str], list[float]] = {}
+    runs = {
+        name: {kernel: functools.partial(run, *inputs) for kernel, run in kernels.items()}
+        for name, inputs in shapes.items()
+    }
     with torch.inference_mode():
         for name, inputs in shapes.items():
             diff = (attention.sdpa(*inputs) - ext.ordered_attention(*inputs)).abs().max().item()
             print(f"{name}: max |kernel − SDPA| {diff:.1e}")
-        for _ in range(args.repeats):
-            for name, inputs in shapes.items():
-                for kernel, run in kernels.items():
-                    began = time.perf_counter()
-                    for _ in range(args.calls):
-                        run(*inputs)
-                    elapsed = (time.perf_counter() - began) / args.calls * 1e3
-                    times.setdefault((name, kernel), []).append(elapsed)
+        times = interleaved(runs, args.repeats, args.calls)
     print(f"\n`lscpu`: {cpu_kind()}, {args.threads} threads, beam {args.beam}, "
           f"{HEADS} heads of {HEAD_DIM}; ms per call (min / median)\n")  # fmt: skip
     print("| shape | SDPA | kernel | SDPA ÷ kernel (medians) |\n|---|---|---|---|")
     for name in shapes:
-        a, b = times[(name, "sdpa")], times[(name, "kernel")]
-        print(
-            f"| {name} | {min(a):.3f} / {statistics.median(a):.3f} | "
-            f"{min(b):.3f} / {statistics.median(b):.3f} | "
-            f"{statistics.median(a) / statistics.median(b):.2f}× |"
-        )
+        print(table_row(name, times[(name, "sdpa")], times[(name, "kernel")], 1e3, 3))
+
+
+def interleaved(
+    runs: dict[str, dict[str, Callable[[], object]]], repeats: int, calls: int
+) -> dict[tuple[str, str], list[float]]:
+    """Seconds per call of each (shape, kernel) of `runs`, timed `repeats` times over
+    `calls` calls, every shape and kernel in turn, so that machine noise falls alike."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(repeats):
+        for name, kernels in runs.items():
+            for kernel, run in kernels.items():
+                began = time.perf_counter()
+                for _ in range(calls):
+                    run()
+                times.setdefault((name, kernel), []).append((time.perf_counter() - began) / calls)
+    return times
+
+
+def table_row(name: str, a: list[float], b: list[float], unit: float, digits: int) -> str:
+    """A table row: a's and b's min / median in `unit`s of a second, and a's median over b's."""
+    cells = [
+        f"{min(t) * unit:.{digits}f} / {statistics.median(t) * unit:.{digits}f}" for t in (a, b)
+    ]
+    return (
+        f"| {name} | {cells[0]} | {cells[1]} | {statistics.median(a) / statistics.median(b):.2f}× |"
+    )
 
 
 if __name__ == "__main__":

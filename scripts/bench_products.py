@@ -7,19 +7,19 @@ The embedded target's products (model dim 512, feed-forward 2048, 8,000 tokens; 
 stacked): each is timed over copies of its weight cycled so that every call streams its
 weight from memory, as in a decoder call, whose weights do not fit the caches (`--hot`: the
 same weight every call). Every shape and kernel in turn, repeated, so machine noise falls
-alike; prints min and median µs per call and oneDNN's median over the few-row product's.
+alike (`bench_attention.interleaved`); prints min and median µs per call and oneDNN's median
+over the few-row product's.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
-import time
 from collections.abc import Callable
 from types import ModuleType
 
 import torch
+from bench_attention import interleaved, table_row
 from torch import Tensor
 
 from specbeam.search import native, onednn
@@ -79,25 +79,12 @@ def main() -> None:
                 label = f"{name} ({out} × {inp}), {rows} row{'s' * (rows > 1)}"
                 runs[label], diff = kernels(out, inp, rows, args.hot, ext)
                 print(f"{label}: max |few rows − torch| {diff:.1e}")
-        times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(args.repeats):
-            for label, pair in runs.items():
-                for kernel, run in pair.items():
-                    began = time.perf_counter()
-                    for _ in range(args.calls):
-                        run()
-                    elapsed = (time.perf_counter() - began) / args.calls * 1e6
-                    times.setdefault((label, kernel), []).append(elapsed)
+        times = interleaved(runs, args.repeats, args.calls)
     where = "one weight in cache" if args.hot else "weights streamed from memory"
     print(f"\n`lscpu`: {cpu_kind()}, {args.threads} threads, {where}; µs per call (min / median)\n")
     print("| product | oneDNN | few rows | oneDNN ÷ few rows (medians) |\n|---|---|---|---|")
     for label in runs:
-        a, b = times[(label, "oneDNN")], times[(label, "few rows")]
-        print(
-            f"| {label} | {min(a):.0f} / {statistics.median(a):.0f} | "
-            f"{min(b):.0f} / {statistics.median(b):.0f} | "
-            f"{statistics.median(a) / statistics.median(b):.2f}× |"
-        )
+        print(table_row(label, times[(label, "oneDNN")], times[(label, "few rows")], 1e6, 0))
 
 
 if __name__ == "__main__":

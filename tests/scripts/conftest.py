@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
     """Loads scripts/<name>.py, registered as module `name` while the test runs
-    (dataclasses look their module up)."""
+    (dataclasses look their module up), with scripts/ first on the path, as when a
+    script runs (scripts import one another's helpers)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
 
     def load(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
