@@ -187,7 +187,7 @@ class Product:
         if self.kind == ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.kind == FEW_ROWS:
-            return _extension().few_rows_product(x, self.weight, self.bias)
+            return _native().build().few_rows_product(x, self.weight, self.bias)
         return _torch_linear(x, self.weight, self.bias)
 
 
@@ -213,22 +213,22 @@ def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
     return Product(MKL, weight, bias, copy)
 
 
-def _extension() -> ModuleType | None:
+def _native() -> ModuleType:
     from specbeam.search import native  # which imports this module
 
-    return native.build()
+    return native
 
 
 def _own_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether the extension's few-row product runs this fp32 product (`MAX_FEW_ROWS`)."""
+    """Whether the extension's few-row product runs this fp32 product (`MAX_FEW_ROWS`):
+    where the extension is in use (`native.module`)."""
     return (
         rows <= MAX_FEW_ROWS
-        and Runtime.current().native
         and weight.dtype == torch.float32
         and weight.is_contiguous()
         and weight.size(1) % 8 == 0
         and (bias is None or bias.is_contiguous())
-        and _extension() is not None
+        and _native().module() is not None
     )
 
 
