@@ -100,7 +100,7 @@ class HardwareConfig(MachineSettings):
             needs = (
                 "native bf16"
                 if self.target_dtype == "bfloat16"
-                else "VNNI or AMX for int8 products"
+                else "VNNI or AMX for int8 products, nor AVX2 with the native extension built"
             )
             log.warning(
                 "hardware.target_dtype=%s: this CPU has no %s (its flags: %s), "

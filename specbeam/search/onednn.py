@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
-from specbeam.search import cpu, quant
+from specbeam.search import quant
 from specbeam.search.runtime import Runtime
 
 
@@ -96,10 +96,9 @@ def bf16_native() -> bool:
 
 
 def int8_native() -> bool:
-    """Whether this CPU has int8 dot products (VNNI or AMX), which torch's `_int_mm` runs
-    on oneDNN. Without (AVX2 alone), `_int_mm` is a scalar loop, many times slower than an
-    fp32 product."""
-    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(cpu.cpu_flags()))
+    """Whether int8 products run fast here: on int8 dot products (VNNI or AMX), or on
+    fbgemm's AVX2 GEMM through the extension (`quant.fbgemm_sums`)."""
+    return quant.int8_dot() or quant.fbgemm_sums() is not None
 
 
 def native(precision: str) -> bool:
@@ -152,9 +151,10 @@ class _RowPacks:
     uses: Counter[int] = field(default_factory=Counter)
 
 
-TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS = 0, 1, 2, 3, 4, 5
+TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS, INT8_FBGEMM = 0, 1, 2, 3, 4, 5, 6
 """How a `Product` runs: `torch.nn.functional.linear`, MKL's packed GEMM, oneDNN's, a
-weight's reduced precision (`specbeam.search.quant`), or the extension's few-row product."""
+weight's reduced precision (`specbeam.search.quant`: int8 sums on `_int_mm` or on
+fbgemm), or the extension's few-row product."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,12 +169,13 @@ class Product:
     packed: Tensor | None = None
     sizes: tuple[int, ...] = ()  # a stacked group's output widths (`linears`)
     settled: bool = True  # False: MKL may pack this weight for this row count later
-    scales: Tensor | None = None  # INT8: the weight's per-channel scales
+    scales: Tensor | None = None  # INT8, INT8_FBGEMM: the weight's per-channel scales
+    copy: quant.Quantized | None = None  # INT8, INT8_FBGEMM, BF16: the weight's copy
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.kind == INT8:
-            assert self.packed is not None and self.scales is not None
-            return quant.int8_product(x, self.packed, self.scales, self.bias)
+        if self.kind in (INT8, INT8_FBGEMM):
+            assert self.copy is not None
+            return quant.int8_product(x, self.copy, self.bias)
         if self.kind == BF16:
             assert self.packed is not None
             return quant.bf16_product(x, self.packed, self.bias)
@@ -254,8 +255,11 @@ def _quantized(weight: Tensor, bias: Tensor | None) -> Product | None:
     if quant.precision_of(weight) is None:
         return None
     copy = quant.copy_of(weight)
-    kind = INT8 if copy.precision == "int8" else BF16
-    return Product(kind, weight, bias, copy.data, scales=copy.scales)
+    if copy.precision == "bfloat16":
+        return Product(BF16, weight, bias, copy.data, copy=copy)
+    if copy.fbgemm is None:
+        return Product(INT8, weight, bias, copy.data, scales=copy.scales, copy=copy)
+    return Product(INT8_FBGEMM, weight, bias, copy.fbgemm, scales=copy.scales, copy=copy)
 
 
 def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:

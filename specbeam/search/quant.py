@@ -5,9 +5,13 @@ verification computes each row beside a different number of other rows than a pl
 does, so a product's result for a row must not depend on the rows beside it:
 - `int8`: weights int8 with one scale per output channel; each input row quantised
   with its own scale (its largest magnitude / 127). int8 × int8 products sum exactly in
-  int32 (`torch._int_mm`), and the scales apply per element afterwards, so a row's
-  result is the same in any company. One scale per tensor (fbgemm's `quantize_dynamic`)
-  would tie each row to the largest row of the call.
+  int32, and the scales apply per element afterwards, so a row's result is the same in
+  any company. One scale per tensor (fbgemm's `quantize_dynamic`) would tie each row to
+  the largest row of the call. The sums run on `torch._int_mm` where the CPU has int8 dot
+  products (VNNI, AMX: oneDNN); on AVX2 alone `_int_mm` is a scalar loop, and they run on
+  fbgemm's GEMM through the extension (`csrc/int8_sums.cpp`), whose u8 × s8 pairs add
+  into 16 bits: there weights keep 7 bits (within ±63, `weight_levels`) so that no pair
+  saturates.
 - `bfloat16`: bf16 weights and inputs, fp32 accumulation and bias; norms, softmax and
   residuals stay fp32 (oneDNN's packed bf16 product, whose rows do not share a sum).
 
@@ -24,6 +28,7 @@ own generators on the module, the lean decoders and the native layers
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -41,11 +46,13 @@ _TINY = 1e-30
 @dataclass(frozen=True, slots=True)
 class Quantized:
     """A weight's copy for its precision: int8 (in, out) and its per-channel scales
-    (out,), or oneDNN's packed bf16 copy (scales None)."""
+    (out,), with fbgemm's packed copy where the sums run there; or oneDNN's packed bf16
+    copy (scales None)."""
 
     precision: str
     data: Tensor
     scales: Tensor | None
+    fbgemm: Tensor | None = None
 
 
 def _version(weight: Tensor) -> tuple:
@@ -96,30 +103,65 @@ def copy_of(weight: Tensor) -> Quantized:
     return _Marks.copy(weight)
 
 
+def int8_dot() -> bool:
+    """Whether this CPU has int8 dot products (VNNI or AMX), which `torch._int_mm` runs on
+    oneDNN. Without them (AVX2 alone) `_int_mm` is a scalar loop."""
+    from specbeam.search import cpu
+
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(cpu.cpu_flags()))
+
+
+def fbgemm_sums() -> ModuleType | None:
+    """The extension whose fbgemm GEMM sums int8 products, where the CPU lacks int8 dot
+    products and the extension is built (whatever `hardware.native` says: the sums are
+    the same integers on either kernel); None: `torch._int_mm` sums them."""
+    from specbeam.search import cpu, native  # native imports this module
+
+    if int8_dot() or "avx2" not in cpu.cpu_flags():
+        return None
+
+    return native.build()
+
+
+def weight_levels() -> int:
+    """The int8 weights' largest magnitude: 127, or 63 where the sums run on fbgemm."""
+    return 63 if fbgemm_sums() is not None else 127
+
+
 @torch.inference_mode()
 def prepare(weight: Tensor, precision: str) -> Quantized:
     """weight (out, in) fp32 -> its copy in `precision`."""
     if precision == "int8":
-        scales = weight.abs().amax(1).clamp_min(_TINY).div(127)
+        extension = fbgemm_sums()
+        levels = 127 if extension is None else 63
+        scales = weight.abs().amax(1).clamp_min(_TINY).div(levels)
         q = weight.div(scales[:, None]).round().to(torch.int8)
-        return Quantized(precision, q.t().contiguous(), scales)
+        packed = None if extension is None else extension.int8_pack(q)
+        return Quantized(precision, q.t().contiguous(), scales, packed)
     w = weight.to(torch.bfloat16)
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         w = torch.ops.mkldnn._reorder_linear_weight(w, None)
     return Quantized(precision, w, None)
 
 
-def int8_product(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+def int8_product(x: Tensor, copy: Quantized, bias: Tensor | None) -> Tensor:
     """x (..., in) fp32 -> (..., out): each row quantised with its own scale.
     `csrc/lean_layers.cpp: int8_product` runs the same ops in the same order."""
+    assert copy.scales is not None
     rows = x.numel() // x.size(-1)
     x2 = x.reshape(rows, x.size(-1))
     a = x2.abs().amax(1, keepdim=True).clamp_min(_TINY).div(127)
     qx = x2.div(a).round().to(torch.int8)
-    out = torch._int_mm(qx, q).to(torch.float32).mul_(scales).mul_(a)
+    if copy.fbgemm is None:
+        sums = torch._int_mm(qx, copy.data)
+    else:
+        from specbeam.search import native
+
+        sums = native.build().int8_sums(qx, copy.fbgemm)
+    out = sums.to(torch.float32).mul_(copy.scales).mul_(a)
     if bias is not None:
         out.add_(bias)
-    return out.view(*x.shape[:-1], q.size(1))
+    return out.view(*x.shape[:-1], copy.scales.size(0))
 
 
 def bf16_product(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
@@ -140,8 +182,7 @@ def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weight.T + bias in `weight`'s marked precision."""
     copy = copy_of(weight)
     if copy.precision == "int8":
-        assert copy.scales is not None
-        return int8_product(x, copy.data, copy.scales, bias)
+        return int8_product(x, copy, bias)
     return bf16_product(x, copy.data, bias)
 
 

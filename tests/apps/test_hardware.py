@@ -8,6 +8,7 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import LoadedPair
 from specbeam.search import attention, cpu, onednn, quant
+from specbeam.search import native as nativelib
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -44,12 +45,14 @@ def test_auto_target_dtype_follows_the_cpu(monkeypatch, native) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "native"),
-    [(["avx2"], False), (["avx2", "avx512f", "avx512_vnni"], True), (["avx2", "avx_vnni"], True),
-     (["avx2", "amx_int8"], True)],
+    ("flags", "built", "native"),
+    [([], True, False), (["avx2"], False, False), (["avx2"], True, True),
+     (["avx2", "avx512f", "avx512_vnni"], False, True), (["avx2", "avx_vnni"], False, True),
+     (["avx2", "amx_int8"], False, True)],
 )  # fmt: skip
-def test_int8_is_native_with_vnni_or_amx_only(monkeypatch, flags, native) -> None:
+def test_int8_is_native_with_vnni_amx_or_fbgemm_on_avx2(monkeypatch, flags, built, native) -> None:
     monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(nativelib, "build", lambda: object() if built else None)
     assert onednn.int8_native() is native and onednn.native("int8") is native
     assert onednn.native("float32")
 
@@ -68,9 +71,10 @@ def test_place_quantizes_the_target_in_its_precision(monkeypatch, tiny_target) -
     [
         ("bfloat16", ["avx2", "avx512f"], "hardware.target_dtype=bfloat16: this CPU has no "
          "native bf16 (its flags: avx2 avx512f), so the target runs float32"),
-        # AVX2 alone: torch's int8 product is a scalar loop, far slower than fp32.
-        ("int8", ["avx2"], "hardware.target_dtype=int8: this CPU has no VNNI or AMX for int8 "
-         "products (its flags: avx2), so the target runs float32"),
+        # No AVX2 (fbgemm's GEMM needs it): torch's int8 product is a scalar loop.
+        ("int8", ["avx512f"], "hardware.target_dtype=int8: this CPU has no VNNI or AMX for int8 "
+         "products, nor AVX2 with the native extension built (its flags: avx512f), so the "
+         "target runs float32"),
     ],
 )  # fmt: skip
 def test_a_precision_without_native_support_runs_float32_with_a_warning(

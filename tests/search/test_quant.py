@@ -79,6 +79,42 @@ def test_stacked_weights_compute_their_rows_alone(precision) -> None:
         assert torch.equal(got, quant.product(x, w, b))
 
 
+@torch.inference_mode()
+def test_fbgemm_sums_are_the_exact_integers() -> None:
+    """Weights within ±63 and inputs at ±127 of one sign, the sums that would saturate
+    AVX2's 16-bit pair sums with 8-bit weights: fbgemm gives `_int_mm`'s integers."""
+    extension = quant.fbgemm_sums()
+    if extension is None:
+        pytest.skip("int8 dot products (or no extension) here: the sums run on _int_mm")
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(-63, 64, (200, 512), generator=gen, dtype=torch.int8)
+    q[:100, :] = 63
+    x = torch.randint(-127, 128, (27, 512), generator=gen, dtype=torch.int8)
+    x[:5] = 127
+    sums = extension.int8_sums(x, extension.int8_pack(q))
+    assert torch.equal(sums, torch._int_mm(x, q.t().contiguous()))
+    assert torch.equal(sums.long(), x.long() @ q.long().t())
+
+
+@pytest.mark.parametrize(
+    ("flags", "levels"), [(["avx2"], 63), (["avx2", "avx512f", "avx512_vnni"], 127)]
+)
+@torch.inference_mode()
+def test_int8_weights_keep_7_bits_where_fbgemm_sums(monkeypatch, flags, levels) -> None:
+    from specbeam.search import cpu, native
+
+    if native.build() is None:
+        pytest.skip("no extension here")
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    weight = marked_weight("int8", inp=512)
+    copy = quant.copy_of(weight)
+    assert quant.weight_levels() == levels
+    assert int(copy.data.abs().max()) == levels
+    assert (copy.fbgemm is not None) == (levels == 63)
+    kind = onednn.resolve(3, torch.float32, weight, None).kind
+    assert kind == (onednn.INT8_FBGEMM if levels == 63 else onednn.INT8)
+
+
 def test_marks_fp32_cpu_weights_only() -> None:
     with pytest.raises(ValueError, match="precision"):
         quant.mark(torch.zeros(4, 4), "float16")

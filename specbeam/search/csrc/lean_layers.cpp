@@ -16,8 +16,10 @@
 
 namespace {
 
-// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS.
-constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2, kBf16 = 3, kInt8 = 4, kFewRows = 5;
+// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS,
+// INT8_FBGEMM.
+constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2, kBf16 = 3, kInt8 = 4, kFewRows = 5,
+                  kInt8Fbgemm = 6;
 constexpr double kTiny = 1e-30;  // quant._TINY
 constexpr int64_t kGrain = 32768;  // elements a thread takes at least
 
@@ -83,9 +85,11 @@ CLONES void scale_rows(const int32_t* sums, const float* scales, const float* a,
 }
 
 // quant.int8_product: each row quantised with its own scale, int32 sums, then the scales;
-// at a step's few rows its ten torch ops cost more in dispatch than in arithmetic.
-Tensor int8_product(const Tensor& x, const Tensor& q, const Tensor& scales, const MaybeTensor& b) {
-  const int64_t width = x.size(-1), rows = x.numel() / width, outs = q.size(1);
+// at a step's few rows its ten torch ops cost more in dispatch than in arithmetic. The sums
+// run on `_int_mm` over q (in, out), or on fbgemm over its packed copy (int8_sums.cpp).
+Tensor int8_product(const Tensor& x, bool fbgemm, const Tensor& q, const Tensor& scales,
+                    const MaybeTensor& b) {
+  const int64_t width = x.size(-1), rows = x.numel() / width, outs = scales.size(0);
   const Tensor x2 = x.reshape({rows, width}).contiguous();
   Tensor qx = at::empty({rows, width}, x.options().dtype(at::kChar));
   std::vector<float> a(rows);
@@ -93,7 +97,7 @@ Tensor int8_product(const Tensor& x, const Tensor& q, const Tensor& scales, cons
     quantise_rows(x2.data_ptr<float>(), width, static_cast<float>(kTiny), a.data(),
                   qx.data_ptr<int8_t>(), begin, end);
   });
-  const Tensor sums = at::_int_mm(qx, q);
+  const Tensor sums = fbgemm ? int8_sums(qx, q) : at::_int_mm(qx, q);
   Tensor out = at::empty({rows, outs}, x.options());
   at::parallel_for(0, rows, kGrain / outs + 1, [&](int64_t begin, int64_t end) {
     scale_rows(sums.data_ptr<int32_t>(), scales.data_ptr<float>(), a.data(),
@@ -118,7 +122,8 @@ Tensor bf16_product(const Tensor& x, const Tensor& w, const MaybeTensor& b) {
 // onednn.Product.__call__: x (..., in) -> (..., out).
 Tensor product(const Tensor& x, int64_t kind, const Tensor& w, const MaybeTensor& b,
                const MaybeTensor& packed, const MaybeTensor& scales) {
-  if (kind == kInt8) return int8_product(x, *packed, *scales, b);
+  if (kind == kInt8 || kind == kInt8Fbgemm)
+    return int8_product(x, kind == kInt8Fbgemm, *packed, *scales, b);
   if (kind == kBf16) return bf16_product(x, *packed, b);
   if (kind == kFewRows) return few_rows_product(x, w, b);
   if (kind == kMkl) {

@@ -1,6 +1,6 @@
 // The extension's Python bindings: the lean decoder's layers (lean_layers.cpp), the
-// lean layers' attention (attention.cpp), fp32 products over a few rows (few_rows.cpp) and
-// acceptance's replay (accept.cpp).
+// lean layers' attention (attention.cpp), fp32 products over a few rows (few_rows.cpp), int8
+// sums on fbgemm (int8_sums.cpp) and acceptance's replay (accept.cpp).
 #include "native.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -8,6 +8,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ordered_attention", &ordered_attention,
         "attention summing each query's visible keys in key order, alone");
   m.def("few_rows_product", &few_rows_product, "x @ w^T + b over 1 to 8 rows of fp32");
+  m.def("int8_pack", &int8_pack, "fbgemm's packed copy of an int8 weight (out, in)");
+  m.def("int8_sums", &int8_sums, "int8 × int8 sums over fbgemm's packed copy, exact");
   m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
   m.def("accept", &accept, "acceptance (exact or relaxed) over a verified draft tree");
   m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;

@@ -1,5 +1,5 @@
 // The extension's functions, declared once: defined in lean_layers.cpp, attention.cpp,
-// few_rows.cpp and accept.cpp, bound in module.cpp.
+// few_rows.cpp, int8_sums.cpp and accept.cpp, bound in module.cpp.
 #pragma once
 
 #include <torch/extension.h>
@@ -21,6 +21,8 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
 Tensor ordered_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                          const MaybeTensor& bias);
 Tensor few_rows_product(const Tensor& x, const Tensor& w, const MaybeTensor& b);
+Tensor int8_pack(const Tensor& q);
+Tensor int8_sums(const Tensor& qx, const Tensor& handle);
 Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
                  c10::ScalarType dtype);
 std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
