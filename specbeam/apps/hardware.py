@@ -13,10 +13,11 @@ import torch
 from omegaconf import OmegaConf
 
 from specbeam.apps.decoding import reaching
-from specbeam.integration.models import LoadedPair
+from specbeam.integration.models import Draft, LoadedPair
 from specbeam.paths import config_file
 from specbeam.search import cpu, onednn, quant
 from specbeam.search.config import MachineSettings
+from specbeam.search.head import DraftHead
 from specbeam.search.planner import PlanCosts
 
 if TYPE_CHECKING:
@@ -40,8 +41,11 @@ class HardwareConfig(MachineSettings):
     """cpu, or cuda where torch sees a GPU (not yet measured by this project)."""
     threads: int = 2
     draft_dtype: str = "float32"
-    """Precision of the draft model; exactness does not depend on it (verification is fp32).
-    auto: bfloat16 where the CPU computes it natively (`onednn.bf16_native`), else float32."""
+    """Precision of the draft model; exactness does not depend on it (verification runs
+    the target's): float32, bfloat16, or int8 (a draft head's products as the target's in
+    `target_dtype=int8`). auto: bfloat16 where the CPU computes it natively
+    (`onednn.bf16_native`); else int8 for a draft head where int8 products run fast
+    (`onednn.int8_native`), else float32."""
     target_dtype: str = "float32"
     """Precision of the target's linear layers (`specbeam.search.quant`; norms, attention
     and softmax stay fp32): float32, bfloat16 (bf16 products, fp32 sums) or int8 (per-row
@@ -63,7 +67,7 @@ class HardwareConfig(MachineSettings):
         if self.threads < 1:
             raise ValueError(f"hardware.threads={self.threads} is invalid: must be ≥ 1")
         for name, allowed in (
-            ("draft_dtype", [*_DTYPES, "auto"]),
+            ("draft_dtype", [*_DTYPES, "int8", "auto"]),
             ("target_dtype", _TARGET_DTYPES),
         ):
             if getattr(self, name) not in allowed:
@@ -80,9 +84,10 @@ class HardwareConfig(MachineSettings):
 
     @property
     def draft_torch_dtype(self) -> torch.dtype:
+        """The dtype the draft is loaded in (an int8 draft: float32, then `place`)."""
         if self.draft_dtype == "auto":
             return torch.bfloat16 if onednn.bf16_native() else torch.float32
-        return _DTYPES[self.draft_dtype]
+        return _DTYPES.get(self.draft_dtype, torch.float32)
 
     @property
     def target_precision(self) -> str:
@@ -120,7 +125,31 @@ class HardwareConfig(MachineSettings):
                 ) from None
         if pair.draft is not None:
             pair.draft.to(device=self.device)
+            if self.draft_dtype == "int8":
+                self._quantize_draft(pair.draft)
+            elif self.draft_dtype == "auto" and self._auto_int8_draft(pair.draft):
+                pair.draft.quantize("int8")
         return pair
+
+    def _auto_int8_draft(self, draft: Draft) -> bool:
+        return (
+            isinstance(draft, DraftHead)
+            and self.device == "cpu"
+            and not onednn.bf16_native()
+            and onednn.int8_native()
+        )
+
+    def _quantize_draft(self, draft: Draft) -> None:
+        if not isinstance(draft, DraftHead):
+            raise ValueError("hardware.draft_dtype=int8 runs a draft head, not a draft model")
+        if self.device != "cpu" or not onednn.native("int8"):
+            log.warning(
+                "hardware.draft_dtype=int8: this CPU runs no int8 products fast (its flags: "
+                "%s), so the draft runs float32",
+                " ".join(cpu.cpu_flags()) or "no AVX2",
+            )
+            return
+        draft.quantize("int8")
 
     def tune(self, decoding: DecodingConfig, keep: Collection[str] = ()) -> DecodingConfig:
         """`decoding` with this machine's calibrated settings for its name, if any, but

@@ -36,6 +36,7 @@ from fairseq2.models.transformer import (
 from fairseq2.nn import Linear
 from torch import Tensor, nn
 
+from specbeam.search import quant
 from specbeam.search.onednn import linear
 
 HEAD_KIND = "draft_head"
@@ -121,7 +122,11 @@ class DraftHead(nn.Module):
             special = torch.tensor(excluded, device=self.vocab.device)
             ranked = self.vocab[~torch.isin(self.vocab, special)][:size].to(proj.weight.device)
             bias = None if proj.bias is None else proj.bias.index_select(0, ranked)
-            self._projections[key] = (ranked, proj.weight.index_select(0, ranked), bias)
+            weight = proj.weight.index_select(0, ranked)
+            precision = quant.precision_of(proj.weight)
+            if precision is not None:
+                quant.mark(weight, precision)
+            self._projections[key] = (ranked, weight, bias)
         return self._projections[key]
 
     def read_features(self, embedded: Tensor, features: Tensor) -> Tensor:
@@ -158,6 +163,21 @@ class DraftHead(nn.Module):
             )
             self.decoder_frontend, self.final_proj = frontend.to(dtype), proj.to(dtype)
             self.decoder.layer_norm = norm.to(dtype)
+        return self
+
+    def quantize(self, precision: str) -> DraftHead:
+        """The head's products in `precision` (`specbeam.search.quant`), its fp32 weights
+        kept: its own layers, and a copy of the target's projection (verification runs
+        the target's own in the target's precision)."""
+        quant.quantize(self.decoder.layers, precision)
+        for proj in (self.feature_proj, self.fuse):
+            if proj is not None:
+                quant.quantize(proj, precision)
+        self.decoder_frontend, self.final_proj = copy.deepcopy(
+            (self.decoder_frontend, self.final_proj)
+        )
+        quant.quantize(self.final_proj, precision)
+        self._projections.clear()
         return self
 
     def checkpoint(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import LoadedPair
 from specbeam.search import attention, cpu, onednn, quant
 from specbeam.search import native as nativelib
+from specbeam.search.head import DraftHead, HeadArch
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -26,7 +27,8 @@ def test_cpu_config_chooses_the_draft_dtype_by_the_cpu() -> None:
 
 def test_unknown_dtype_names_the_setting_and_what_is_allowed() -> None:
     with pytest.raises(
-        ValueError, match="hardware.draft_dtype=fp8 is invalid: allowed: float32, bfloat16, auto"
+        ValueError,
+        match="hardware.draft_dtype=fp8 is invalid: allowed: float32, bfloat16, int8, auto",
     ):
         HardwareConfig(draft_dtype="fp8").apply()
     with pytest.raises(
@@ -64,6 +66,23 @@ def test_place_quantizes_the_target_in_its_precision(monkeypatch, tiny_target) -
     layers = [m for m in pair.target.modules() if isinstance(m, Projection)]
     assert len(layers) > 1 and all(quant.precision_of(m.weight) == "int8" for m in layers)
     assert all(p.dtype == torch.float32 for p in pair.target.parameters())
+
+
+def test_an_int8_draft_head_is_quantized_and_the_target_is_not(monkeypatch, tiny_target) -> None:
+    monkeypatch.setattr(onednn, "int8_native", lambda: True)
+    target = copy.deepcopy(tiny_target)
+    pair = LoadedPair(tokenizer=None, target=target, draft=DraftHead(target, HeadArch()))  # type: ignore[arg-type]
+    HardwareConfig(draft_dtype="int8").place(pair)
+    assert quant.precision_of(pair.draft.feature_proj.weight) == "int8"
+    assert all(quant.precision_of(p) is None for p in target.parameters())
+    for bf16, quantized in ((True, None), (False, "int8")):  # auto: bf16 drafts by cast
+        monkeypatch.setattr(onednn, "bf16_native", lambda bf16=bf16: bf16)
+        pair.draft = DraftHead(target, HeadArch())
+        HardwareConfig(draft_dtype="auto").place(pair)
+        assert quant.precision_of(pair.draft.feature_proj.weight) == quantized
+    model = LoadedPair(tokenizer=None, target=target, draft=copy.deepcopy(tiny_target))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^hardware.draft_dtype=int8 runs a draft head, not a draft model$"):  # fmt: skip
+        HardwareConfig(draft_dtype="int8").place(model)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from fairseq2.nn import Projection
 
 from specbeam.integration.cards import DRAFT_HEAD_FAMILY, model_card
 from specbeam.integration.models import (
@@ -16,6 +17,7 @@ from specbeam.integration.models import (
     save_head,
     save_model,
 )
+from specbeam.search import quant
 from specbeam.search.head import DraftHead, HeadArch
 from tests.conftest import TARGET_ARCH
 
@@ -43,6 +45,19 @@ def test_casting_copies_the_shared_modules_and_keeps_the_target_fp32(tiny_target
     assert all(p.dtype == torch.float32 for p in target.parameters())
     # The tied embedding and projection stay one tensor in the copy.
     assert head.final_proj.weight is head.decoder_frontend.embed.weight
+
+
+def test_an_int8_head_marks_its_own_products_and_a_copy_of_the_projection(tiny_target) -> None:
+    target = copy.deepcopy(tiny_target)
+    head = DraftHead(target, HeadArch(num_layers=1)).quantize("int8")
+    own = [m.weight for m in head.decoder.layers.modules() if isinstance(m, Projection)]
+    assert own and all(quant.precision_of(w) == "int8" for w in [*own, head.feature_proj.weight])
+    assert quant.precision_of(head.final_proj.weight) == "int8"
+    assert all(quant.precision_of(p) is None for p in target.parameters())
+    assert head.final_proj.weight is head.decoder_frontend.embed.weight  # still tied
+    head.vocab = torch.tensor([7, 1, 5, 9, 2, 4])
+    _, weight, _ = head.draft_projection(4, (1,))
+    assert quant.precision_of(weight) == "int8"
 
 
 def test_bad_sizes_are_refused(tiny_target) -> None:
