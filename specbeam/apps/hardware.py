@@ -181,6 +181,9 @@ def load_hardware(name: str) -> HardwareConfig:
 
 def auto_target_dtype() -> str:
     """`target_dtype=auto`: bfloat16 products where the CPU computes bf16 natively
-    (`onednn.bf16_native`), else float32 (docs/bench.md, "Quantized targets", has the
-    measurements behind this rule)."""
-    return "bfloat16" if onednn.bf16_native() else "float32"
+    (`onednn.bf16_native`), else int8 where int8 products run fast (`onednn.int8_native`:
+    VNNI, AMX, or fbgemm on AVX2), else float32 (docs/bench.md, "Quantized targets" and
+    "int8 on AVX2", has the measurements behind this rule)."""
+    if onednn.bf16_native():
+        return "bfloat16"
+    return "int8" if onednn.int8_native() else "float32"

@@ -38,12 +38,15 @@ def test_unknown_dtype_names_the_setting_and_what_is_allowed() -> None:
         HardwareConfig(target_dtype="float16").apply()
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_auto_target_dtype_follows_the_cpu(monkeypatch, native) -> None:
-    monkeypatch.setattr(onednn, "bf16_native", lambda: native)
-    monkeypatch.setattr(onednn, "int8_native", lambda: native)
-    assert HardwareConfig(target_dtype="auto").target_precision == ("bfloat16" if native else "float32")  # fmt: skip
-    assert HardwareConfig(target_dtype="int8").target_precision == ("int8" if native else "float32")  # fmt: skip
+@pytest.mark.parametrize(
+    ("bf16", "int8", "auto"),
+    [(True, True, "bfloat16"), (False, True, "int8"), (False, False, "float32")],
+)
+def test_auto_target_dtype_follows_the_cpu(monkeypatch, bf16, int8, auto) -> None:
+    monkeypatch.setattr(onednn, "bf16_native", lambda: bf16)
+    monkeypatch.setattr(onednn, "int8_native", lambda: int8)
+    assert HardwareConfig(target_dtype="auto").target_precision == auto
+    assert HardwareConfig(target_dtype="int8").target_precision == ("int8" if int8 else "float32")  # fmt: skip
 
 
 @pytest.mark.parametrize(
