@@ -202,12 +202,20 @@ def quantized_class(cls: type) -> type:
     return _QUANTIZED[cls]
 
 
+def _fairseq2_class(module: Module) -> type:
+    """`module`'s fairseq2 class, also once `quantize` swapped it (a draft head's copy of
+    a quantized target's projection)."""
+    cls = type(module)
+    return cls.__base__ if cls in _QUANTIZED.values() else cls  # type: ignore[return-value]
+
+
 def _swappable(module: Module) -> bool:
     """fairseq2's projections that are one product: a sharded one over a gang of one
     (what fairseq2 builds a model's layers with) gathers and reduces nothing."""
-    if type(module) in (Linear, TiedProjection):
+    cls = _fairseq2_class(module)
+    if cls in (Linear, TiedProjection):
         return True
-    if type(module) in (ColumnShardedLinear, RowShardedLinear):
+    if cls in (ColumnShardedLinear, RowShardedLinear):
         return module.tp_gang.size == 1
     return False
 
@@ -237,6 +245,6 @@ def quantize(model: Module, precision: str) -> Module:
         raise ValueError(problem)
     attention.order(model)
     for module in projections:
-        module.__class__ = quantized_class(type(module))
+        module.__class__ = quantized_class(_fairseq2_class(module))
         mark(module.weight, precision)
     return model

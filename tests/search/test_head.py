@@ -58,6 +58,11 @@ def test_an_int8_head_marks_its_own_products_and_a_copy_of_the_projection(tiny_t
     head.vocab = torch.tensor([7, 1, 5, 9, 2, 4])
     _, weight, _ = head.draft_projection(4, (1,))
     assert quant.precision_of(weight) == "int8"
+    # Over a quantized target (`target_dtype=int8`): the same.
+    quant.quantize(target, "int8")
+    head = DraftHead(target, HeadArch(num_layers=1)).quantize("int8")
+    assert head.final_proj is not target.final_proj
+    assert quant.precision_of(head.final_proj.weight) == "int8"
 
 
 def test_bad_sizes_are_refused(tiny_target) -> None:
