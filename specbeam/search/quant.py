@@ -119,7 +119,6 @@ def fbgemm_sums() -> ModuleType | None:
 
     if int8_dot() or "avx2" not in cpu.cpu_flags():
         return None
-
     return native.build()
 
 
@@ -133,8 +132,7 @@ def prepare(weight: Tensor, precision: str) -> Quantized:
     """weight (out, in) fp32 -> its copy in `precision`."""
     if precision == "int8":
         extension = fbgemm_sums()
-        levels = 127 if extension is None else 63
-        scales = weight.abs().amax(1).clamp_min(_TINY).div(levels)
+        scales = weight.abs().amax(1).clamp_min(_TINY).div(weight_levels())
         q = weight.div(scales[:, None]).round().to(torch.int8)
         packed = None if extension is None else extension.int8_pack(q)
         return Quantized(precision, q.t().contiguous(), scales, packed)
@@ -155,9 +153,11 @@ def int8_product(x: Tensor, copy: Quantized, bias: Tensor | None) -> Tensor:
     if copy.fbgemm is None:
         sums = torch._int_mm(qx, copy.data)
     else:
-        from specbeam.search import native
+        from specbeam.search import native  # which imports this module
 
-        sums = native.build().int8_sums(qx, copy.fbgemm)
+        extension = native.build()
+        assert extension is not None  # it packed copy.fbgemm
+        sums = extension.int8_sums(qx, copy.fbgemm)
     out = sums.to(torch.float32).mul_(copy.scales).mul_(a)
     if bias is not None:
         out.add_(bias)
