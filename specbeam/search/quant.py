@@ -144,21 +144,21 @@ def prepare(weight: Tensor, precision: str) -> Quantized:
 
 def int8_product(x: Tensor, copy: Quantized, bias: Tensor | None) -> Tensor:
     """x (..., in) fp32 -> (..., out): each row quantised with its own scale.
-    `csrc/lean_layers.cpp: int8_product` runs the same ops in the same order."""
+    `csrc/lean_layers.cpp: int8_product` runs the same ops in the same order, and runs
+    the product where its sums run on fbgemm (the extension is built then): its ten torch
+    ops cost more in dispatch than the product at a step's few rows."""
     assert copy.scales is not None
-    rows = x.numel() // x.size(-1)
-    x2 = x.reshape(rows, x.size(-1))
-    a = x2.abs().amax(1, keepdim=True).clamp_min(_TINY).div(127)
-    qx = x2.div(a).round().to(torch.int8)
-    if copy.fbgemm is None:
-        sums = torch._int_mm(qx, copy.data)
-    else:
+    if copy.fbgemm is not None:
         from specbeam.search import native  # which imports this module
 
         extension = native.build()
         assert extension is not None  # it packed copy.fbgemm
-        sums = extension.int8_sums(qx, copy.fbgemm)
-    out = sums.to(torch.float32).mul_(copy.scales).mul_(a)
+        return extension.int8_product(x, True, copy.fbgemm, copy.scales, bias)
+    rows = x.numel() // x.size(-1)
+    x2 = x.reshape(rows, x.size(-1))
+    a = x2.abs().amax(1, keepdim=True).clamp_min(_TINY).div(127)
+    qx = x2.div(a).round().to(torch.int8)
+    out = torch._int_mm(qx, copy.data).to(torch.float32).mul_(copy.scales).mul_(a)
     if bias is not None:
         out.add_(bias)
     return out.view(*x.shape[:-1], copy.scales.size(0))

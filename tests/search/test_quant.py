@@ -7,6 +7,7 @@ lean plain search). Comparison rule as in test_generator.py."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -94,6 +95,24 @@ def test_fbgemm_sums_are_the_exact_integers() -> None:
     sums = extension.int8_sums(x, extension.int8_pack(q))
     assert torch.equal(sums, torch._int_mm(x, q.t().contiguous()))
     assert torch.equal(sums.long(), x.long() @ q.long().t())
+
+
+@torch.inference_mode()
+def test_the_extensions_int8_product_is_the_torch_ops_bit_for_bit() -> None:
+    """Where the sums run on fbgemm the product runs in the extension: its row rounding,
+    sums and scales give the bits of `quant.int8_product`'s torch ops over `_int_mm`."""
+    extension = quant.fbgemm_sums()
+    if extension is None:
+        pytest.skip("int8 dot products (or no extension) here: the sums run on _int_mm")
+    copy = quant.copy_of(marked_weight("int8", out=200, inp=512))
+    assert copy.fbgemm is not None and copy.scales is not None
+    torch_ops = dataclasses.replace(copy, fbgemm=None)
+    x = torch.randn(27, 512) * torch.logspace(-2, 2, 27)[:, None]
+    bias = torch.randn(200)
+    for b in (bias, None):
+        want = quant.int8_product(x, torch_ops, b)
+        assert torch.equal(extension.int8_product(x, True, copy.fbgemm, copy.scales, b), want)
+        assert torch.equal(quant.int8_product(x, copy, b), want)
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,8 @@ CLONES void scale_rows(const int32_t* sums, const float* scales, const float* a,
   }
 }
 
+}  // namespace
+
 // quant.int8_product: each row quantised with its own scale, int32 sums, then the scales;
 // at a step's few rows its ten torch ops cost more in dispatch than in arithmetic. The sums
 // run on `_int_mm` over q (in, out), or on fbgemm over its packed copy (int8_sums.cpp).
@@ -105,6 +107,8 @@ Tensor int8_product(const Tensor& x, bool fbgemm, const Tensor& q, const Tensor&
   });
   return out.view(out_shape(x, outs));
 }
+
+namespace {
 
 // quant.bf16_product: bf16 inputs and weights, fp32 output and bias.
 Tensor bf16_product(const Tensor& x, const Tensor& w, const MaybeTensor& b) {

@@ -8,6 +8,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ordered_attention", &ordered_attention,
         "attention summing each query's visible keys in key order, alone");
   m.def("few_rows_product", &few_rows_product, "x @ w^T + b over 1 to 8 rows of fp32");
+  m.def("int8_product", &int8_product, "quant.int8_product's ops, on _int_mm or fbgemm");
   m.def("int8_pack", &int8_pack, "fbgemm's packed copy of an int8 weight (out, in)");
   m.def("int8_sums", &int8_sums, "int8 × int8 sums over fbgemm's packed copy, exact");
   m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");

@@ -21,6 +21,8 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
 Tensor ordered_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                          const MaybeTensor& bias);
 Tensor few_rows_product(const Tensor& x, const Tensor& w, const MaybeTensor& b);
+Tensor int8_product(const Tensor& x, bool fbgemm, const Tensor& q, const Tensor& scales,
+                    const MaybeTensor& b);
 Tensor int8_pack(const Tensor& q);
 Tensor int8_sums(const Tensor& qx, const Tensor& handle);
 Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
