@@ -169,8 +169,12 @@ class Product:
     packed: Tensor | None = None
     sizes: tuple[int, ...] = ()  # a stacked group's output widths (`linears`)
     settled: bool = True  # False: MKL may pack this weight for this row count later
-    scales: Tensor | None = None  # INT8, INT8_FBGEMM: the weight's per-channel scales
     copy: quant.Quantized | None = None  # INT8, INT8_FBGEMM, BF16: the weight's copy
+
+    @property
+    def scales(self) -> Tensor | None:
+        """INT8, INT8_FBGEMM: the weight's per-channel scales."""
+        return None if self.copy is None else self.copy.scales
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.kind in (INT8, INT8_FBGEMM):
@@ -258,8 +262,8 @@ def _quantized(weight: Tensor, bias: Tensor | None) -> Product | None:
     if copy.precision == "bfloat16":
         return Product(BF16, weight, bias, copy.data, copy=copy)
     if copy.fbgemm is None:
-        return Product(INT8, weight, bias, copy.data, scales=copy.scales, copy=copy)
-    return Product(INT8_FBGEMM, weight, bias, copy.fbgemm, scales=copy.scales, copy=copy)
+        return Product(INT8, weight, bias, copy.data, copy=copy)
+    return Product(INT8_FBGEMM, weight, bias, copy.fbgemm, copy=copy)
 
 
 def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:

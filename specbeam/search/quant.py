@@ -124,7 +124,11 @@ def fbgemm_sums() -> ModuleType | None:
 
 def weight_levels() -> int:
     """The int8 weights' largest magnitude: 127, or 63 where the sums run on fbgemm."""
-    return 63 if fbgemm_sums() is not None else 127
+    return _levels(fbgemm_sums())
+
+
+def _levels(extension: ModuleType | None) -> int:
+    return 127 if extension is None else 63
 
 
 @torch.inference_mode()
@@ -132,7 +136,7 @@ def prepare(weight: Tensor, precision: str) -> Quantized:
     """weight (out, in) fp32 -> its copy in `precision`."""
     if precision == "int8":
         extension = fbgemm_sums()
-        scales = weight.abs().amax(1).clamp_min(_TINY).div(weight_levels())
+        scales = weight.abs().amax(1).clamp_min(_TINY).div(_levels(extension))
         q = weight.div(scales[:, None]).round().to(torch.int8)
         packed = None if extension is None else extension.int8_pack(q)
         return Quantized(precision, q.t().contiguous(), scales, packed)
