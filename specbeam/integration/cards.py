@@ -42,9 +42,9 @@ def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]
     if ckpt.get("kind") == HEAD_KIND:
         family, config = DRAFT_HEAD_FAMILY, ckpt["arch"]
     elif ckpt.get("shares_encoder", False):
-        family, config = SHALLOW_DRAFT_FAMILY, asdict(ModelArch(**ckpt["arch"]))
+        family, config = SHALLOW_DRAFT_FAMILY, asdict(ModelArch.stored(ckpt["arch"], checkpoint))
     else:
-        family, config = "nllb", asdict(ModelArch(**ckpt["arch"]).to_nllb_config())
+        family, config = "nllb", asdict(ModelArch.stored(ckpt["arch"], checkpoint).to_nllb_config())
     return {
         "name": name,
         "model_family": family,

@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, final
 
@@ -53,6 +53,21 @@ class ModelArch:
     vocab_size: int = 8000
     pad_idx: int = 0
     max_seq_len: int = 1024
+
+    @classmethod
+    def stored(cls, arch: object, path: Path) -> ModelArch:
+        """The `arch` a checkpoint at `path` stores; one that is not a `ModelArch` (another
+        tool's, or a newer specbeam's) is a one-line error naming the file."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(arch, dict):
+            raise ValueError(f"{path}: its `arch` is a {type(arch).__name__}, not a table")
+        unknown = sorted(str(k) for k in arch if k not in names)
+        if unknown:
+            raise ValueError(
+                f"{path}: its `arch` has settings specbeam's models do not take: "
+                f"{', '.join(unknown)} (they take {', '.join(sorted(names))})"
+            )
+        return cls(**arch)
 
     @classmethod
     def of_nllb(cls, config: NllbConfig) -> ModelArch:
@@ -246,7 +261,7 @@ def load_model(
             raise HeadTargetMismatch(
                 f"{path} has weights of another size than this target's"
             ) from None
-    arch = ModelArch(**ckpt["arch"])
+    arch = ModelArch.stored(ckpt["arch"], path)
     if not ckpt.get("shares_encoder", False):
         model = build_model(arch)
         model.load_state_dict(ckpt["model"])

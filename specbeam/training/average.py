@@ -24,7 +24,7 @@ def read_weights(path: Path) -> tuple[ModelArch, dict[str, torch.Tensor]]:
     if ckpt.get("shares_encoder", False):
         raise ValueError(f"{path}: a draft without its encoder cannot be averaged alone")
     arch = ckpt["arch"] if "arch" in ckpt else ckpt["config"]["arch"]
-    return ModelArch(**arch), ckpt["model"]
+    return ModelArch.stored(arch, path), ckpt["model"]
 
 
 def average(paths: list[Path]) -> tuple[ModelArch, dict[str, torch.Tensor]]:

@@ -84,6 +84,22 @@ def test_cli_names_a_missing_or_unreadable_checkpoint_in_one_line(tmp_path: Path
     assert not out.exists()
 
 
+def test_a_checkpoint_whose_arch_specbeam_cannot_build_is_named_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Another tool's (or a newer specbeam's) `arch`: not a TypeError from the dataclass."""
+    path = tmp_path / "other.pt"
+    torch.save({"arch": {"model_dim": 8, "num_experts": 4, "router": "top2"}, "model": {}}, path)
+    with pytest.raises(ValueError) as error:
+        model_card("other", path, tmp_path)
+    assert str(error.value).startswith(
+        f"{path}: its `arch` has settings specbeam's models do not take: num_experts, router "
+    )
+    torch.save({"arch": [512, 6], "model": {}}, path)
+    with pytest.raises(ValueError, match=r"its `arch` is a list, not a table"):
+        model_card("other", path, tmp_path)
+
+
 def test_cards_are_added_to_an_existing_file_and_replaced_only_when_asked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
