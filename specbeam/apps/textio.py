@@ -120,14 +120,16 @@ def _decode(line: bytes, path: str, number: int, errors: str, start: int | None 
 class ResumableOutput:
     """Writes lines to `<output>.partial`, flushed chunk by chunk, and renames it to
     `<output>` when complete, so a partial file never looks complete. A rerun with the
-    same output path continues after the last complete line. A symlink is followed (the
-    partial file lies beside its target); an existing file that is not a regular one (a
-    FIFO, a device, /dev/stdout) and stdout (-) are written straight through: nothing
-    to rename, so nothing to resume (`partial` is None)."""
+    same output path continues after the last complete line, and takes the lines an
+    interrupted run finished beyond it (`ahead`, kept in `<output>.partial.ahead`). A
+    symlink is followed (the partial file lies beside its target); an existing file that
+    is not a regular one (a FIFO, a device, /dev/stdout) and stdout (-) are written
+    straight through: nothing to rename, so nothing to resume (`partial` is None)."""
 
     def __init__(self, path: str, job: dict) -> None:
         self.stream: TextIO
         self.done = 0
+        self.ahead: dict[int, tuple[str, dict]] = {}  # line index -> (output line, record)
         self.name = "stdout" if path == "-" else path
         self.partial: Path | None = None
         if path == "-":
@@ -139,6 +141,7 @@ class ResumableOutput:
         self.path = Path(os.path.realpath(path))
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.sidecar = self.path.with_name(self.path.name + ".partial.json")
+        self.ahead_path = self.path.with_name(self.path.name + ".partial.ahead")
         resumed = self.partial.exists()
         self.stream = _open(self.partial, path, "a")
         try:  # two jobs appending to one file would interleave their lines
@@ -152,10 +155,13 @@ class ResumableOutput:
         if resumed:
             try:
                 self._check_same_job(job)
+                self.done = _truncate_to_complete_lines(self.partial)
+                self.ahead = _read_ahead(self.ahead_path, self.done)
             except ValueError:
                 self.stream.close()
                 raise
-            self.done = _truncate_to_complete_lines(self.partial)
+        else:
+            self.ahead_path.unlink(missing_ok=True)  # an older job's
         try:
             self.sidecar.write_text(json.dumps(job) + "\n")
         except OSError as error:
@@ -192,6 +198,26 @@ class ResumableOutput:
                 raise ValueError(f"cannot write output {self.name}: {error.strerror}") from None
             self.done += len(lines)
 
+    def keep_ahead(self, lines: dict[int, tuple[str, dict]]) -> None:
+        """Keeps the lines finished beyond `done` (index -> (output line, record)) for a
+        rerun: out-of-order lines an interrupted run would otherwise decode again."""
+        if self.partial is None:
+            return
+        with uninterrupted():
+            if not lines:
+                self.ahead_path.unlink(missing_ok=True)
+                return
+            temporary = self.ahead_path.with_name(self.ahead_path.name + ".tmp")
+            rows = (
+                json.dumps({"index": i, "text": text, "record": record}, ensure_ascii=False)
+                for i, (text, record) in sorted(lines.items())
+            )
+            try:
+                temporary.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+                os.replace(temporary, self.ahead_path)
+            except OSError as error:
+                raise ValueError(f"cannot write {self.ahead_path}: {error.strerror}") from None
+
     def finish(self) -> None:
         if self.partial is None:
             self.close()
@@ -199,6 +225,7 @@ class ResumableOutput:
         self.stream.close()
         os.replace(self.partial, self.path)
         self.sidecar.unlink()
+        self.ahead_path.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self.stream is not sys.stdout and not self.stream.closed:
@@ -253,6 +280,25 @@ def _truncate_to_complete_lines(path: Path) -> int:
         with open(path, "r+b") as f:
             f.truncate(end)
     return data.count(b"\n", 0, end)
+
+
+def _read_ahead(path: Path, done: int) -> dict[int, tuple[str, dict]]:
+    """The lines `ResumableOutput.keep_ahead` kept, beyond the `done` lines out already."""
+    if not path.exists():
+        return {}
+    ahead = {}
+    for number, row in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            line = json.loads(row)
+            index, text, record = int(line["index"]), str(line["text"]), dict(line["record"])
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(
+                f"{path}:{number}: not a line specbeam kept; delete the file to translate "
+                "those lines again"
+            ) from None
+        if index >= done:
+            ahead[index] = (text, record)
+    return ahead
 
 
 def job_fingerprint(input_path: str, settings: object) -> dict:

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 import hydra
@@ -78,8 +78,8 @@ class TranslateConfig(PipelineConfig):
     """Optional JSONL with one record of statistics per input line."""
     chunk_lines: int = 256
     """Lines batched together, then written and flushed, at a time; an interrupt writes
-    the chunk's finished lines up to its first unfinished one. From stdin, at most this
-    many of the lines that have arrived."""
+    the chunk's finished lines up to its first unfinished one and keeps the later ones for
+    the rerun. From stdin, at most this many of the lines that have arrived."""
     shard: str = "0/1"
     """i/n: translate only the i-th of n contiguous blocks of the input file, into
     `<output>.shard-i-of-n` (and `<stats_file>.shard-i-of-n`), so that one command swept
@@ -184,8 +184,9 @@ def translate(cfg: TranslateConfig) -> None:
     stats = ResumableOutput(shard_path(cfg.stats_file, cfg.shard), job) if cfg.stats_file else None
     if stats is not None:
         stats.truncate_to(out.done)
-    if out.done:
-        print(f"resuming {output} after line {out.done}", file=sys.stderr)
+    if out.done or out.ahead:
+        later = f" ({counted(len(out.ahead), 'later line')} finished too)" if out.ahead else ""
+        print(f"resuming {output} after line {out.done}{later}", file=sys.stderr)
     step = cfg.chunk_lines
     chunks: Iterable[tuple[int, list[str]]]  # each with the number of lines before it
     if lines is None:
@@ -194,7 +195,10 @@ def translate(cfg: TranslateConfig) -> None:
     else:  # the chunks of an uninterrupted run, so that their batches, and output, are its
         start = out.done - out.done % step
         chunks = ((b, lines[b : b + step]) for b in range(start, len(lines), step))
-    bar = tqdm(total=total, initial=out.done, unit="line", file=sys.stderr, disable=output == "-")
+    bar = tqdm(
+        total=total, initial=out.done + len(out.ahead), unit="line", file=sys.stderr,
+        disable=output == "-",
+    )  # fmt: skip
     split_lines: list[dict] = []
     translated: list[str] = []  # for compare=
     writer = InOrderWriter(out, stats)
@@ -206,17 +210,17 @@ def translate(cfg: TranslateConfig) -> None:
     try:
         for before, chunk in chunks:
             written = max(0, out.done - before)
-            writer.start(written)
             translate_chunk(
-                cfg, tokenizer, generator, splitter, chunk, 0, first + before,
-                written=written, on_line=finished,
+                cfg, tokenizer, generator, splitter, chunk, 0, first + before, written=written,
+                finished=writer.start(before, len(chunk)), on_line=finished,
             )  # fmt: skip
             split_lines += [r for r in writer.flush() if "pieces" in r]
             if cfg.compare:
                 translated += chunk[written:]
     except KeyboardInterrupt:
         writer.flush()
-        raise SystemExit(f"interrupted: {_kept(out, total)}") from None
+        out.keep_ahead(writer.ready)
+        raise SystemExit(f"interrupted: {_kept(out, total, len(writer.ready))}") from None
     finally:
         bar.close()
         out.close()
@@ -235,30 +239,32 @@ def translate(cfg: TranslateConfig) -> None:
 
 
 class InOrderWriter:
-    """Writes a chunk's finished lines, which come out of order (batches are sorted by
-    length), as the unbroken run from its first unwritten line: at the chunk's end all of
-    them, on an interrupt what can be kept. The stats file is written first, so it is
-    never behind the output (a resume cuts it back to the output's lines)."""
+    """Writes finished lines, which come out of order (batches are sorted by length), as
+    the unbroken run from the first unwritten line; the others wait in `ready` (an
+    interrupted run keeps them for its rerun, `ResumableOutput.keep_ahead`, and a rerun
+    starts with them). The stats file is written first, so it is never behind the output
+    (a resume cuts it back to the output's lines)."""
 
     def __init__(self, out: ResumableOutput, stats: ResumableOutput | None) -> None:
         self.out, self.stats = out, stats
-        self.next = 0
-        self.ready: dict[int, tuple[str, dict]] = {}
+        self.ready: dict[int, tuple[str, dict]] = dict(out.ahead)  # line index -> line, record
+        self.before = 0
 
-    def start(self, written: int) -> None:
-        """A new chunk whose first `written` lines are in the output already."""
-        self.next, self.ready = written, {}
+    def start(self, before: int, size: int) -> set[int]:
+        """A new chunk of `size` lines after `before`; its lines finished already (ahead)."""
+        self.before = before
+        return {i - before for i in self.ready if before <= i < before + size}
 
     def add(self, i: int, text: str, record: dict) -> None:
-        self.ready[i] = (text, record)
+        """Line i of the chunk has finished."""
+        self.ready[self.before + i] = (text, record)
 
     def flush(self) -> list[dict]:
         """Writes the run of finished lines from the first unwritten; their records."""
         run = []
         with uninterrupted():  # the lines taken are written to both files
-            while self.next in self.ready:
-                run.append(self.ready.pop(self.next))
-                self.next += 1
+            while self.out.done + len(run) in self.ready:
+                run.append(self.ready.pop(self.out.done + len(run)))
             if run and self.stats is not None:
                 self.stats.write([json.dumps(record) for _, record in run])
             if run:
@@ -266,8 +272,9 @@ class InOrderWriter:
         return [record for _, record in run]
 
 
-def _kept(out: ResumableOutput, total: int | None) -> str:
-    """What an interrupted run leaves, and whether a rerun continues it."""
+def _kept(out: ResumableOutput, total: int | None, later: int) -> str:
+    """What an interrupted run leaves (`later`: lines finished after the first unfinished
+    one), and whether a rerun continues it."""
     of = "" if total is None else f" of {total}"
     if out.name == "stdout":
         return f"{out.done}{of} lines were written to stdout"
@@ -275,7 +282,10 @@ def _kept(out: ResumableOutput, total: int | None) -> str:
         return (
             f"{out.done}{of} lines were written to {out.name} (not resumable: not a regular file)"
         )
-    return f"{out.done}{of} lines are in {out.partial}; run the same command again to continue"
+    kept = f" ({counted(later, 'later line')} in {out.ahead_path})" if later else ""
+    return (
+        f"{out.done}{of} lines are in {out.partial}{kept}; run the same command again to continue"
+    )
 
 
 def _numbered(chunks: Iterable[list[str]], before: int) -> Iterator[tuple[int, list[str]]]:
@@ -354,6 +364,7 @@ def translate_chunk(
     line_offset: int,
     *,
     written: int = 0,
+    finished: Collection[int] = frozenset(),
     on_line: Callable[[int, str, dict], None] | None = None,
 ) -> tuple[list[str], list[dict]]:
     """Translates lines [begin, begin + chunk_lines): output lines (in
@@ -364,8 +375,9 @@ def translate_chunk(
 
     Batches go in the order of the first line they hold, so that lines finish as nearly
     in order as length-sorted batches allow; `on_line(i, output line, record)` is called
-    as line i finishes. The first `written` lines (an interrupted run's) are not wanted:
-    batches of theirs alone are skipped, and they get no call (nor a return value)."""
+    as line i finishes. The first `written` lines and the lines `finished` (an interrupted
+    run's) are not wanted: batches of theirs alone are skipped, and they get no call (nor
+    a return value)."""
     chunk = lines[begin : begin + cfg.chunk_lines]
     todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
     splits = [splitter(chunk[i]) for i in todo]
@@ -385,8 +397,11 @@ def translate_chunk(
             json.dumps(objects[i], ensure_ascii=False) if cfg.output_format == "jsonl" else texts[i]
         )
 
+    def done(i: int) -> bool:
+        return i < written or i in finished
+
     def order(batches: list[list[int]]) -> list[list[int]]:
-        wanted = [b for b in batches if any(todo[owner[p]] >= written for p in b)]
+        wanted = [b for b in batches if not all(done(todo[owner[p]]) for p in b)]
         return sorted(wanted, key=lambda b: min(todo[owner[p]] for p in b))
 
     def on_truncate(indices: list[int]) -> None:
@@ -400,7 +415,7 @@ def translate_chunk(
         )
 
     for i in range(written, len(chunk)):
-        if on_line is not None and not chunk[i].strip():
+        if on_line is not None and not chunk[i].strip() and not done(i):
             on_line(i, output(i), records[i])
     last = time.perf_counter()
     for batch, result, hyps in translate_batches(
@@ -415,7 +430,7 @@ def translate_chunk(
             decoded[p] = piece_record(len(seconds) - 1, len(batch), result, row)
             left[owner[p]] -= 1
         for k in sorted({owner[p] for p in batch}):
-            if left[k] or todo[k] < written:
+            if left[k] or done(todo[k]):
                 continue
             i, a, b = todo[k], starts[k], starts[k + 1]
             texts[i] = join([h[0].text for h in translations[a:b]])

@@ -113,6 +113,44 @@ def test_partial_output_resumes_and_completes_atomically(tmp_path) -> None:
     assert not (tmp_path / "out.txt.partial").exists()
 
 
+def test_lines_kept_ahead_come_back_to_the_rerun_and_go_with_the_finished_file(tmp_path) -> None:
+    """An interrupted run's lines finished beyond its written ones: a rerun of the same job
+    gets those it has not written yet; a new job (no partial output) none."""
+    target = tmp_path / "out.txt"
+    job = {"input": "x"}
+    first = ResumableOutput(str(target), job)
+    first.write(["one"])
+    first.keep_ahead({2: ("three", {"line": 3}), 4: ("fünf", {"line": 5})})
+    first.close()
+    second = ResumableOutput(str(target), job)
+    assert second.done == 1 and second.ahead == {
+        2: ("three", {"line": 3}),
+        4: ("fünf", {"line": 5}),
+    }
+    second.write(["two", "three", "four"])
+    second.close()
+    third = ResumableOutput(str(target), job)
+    assert third.done == 4 and third.ahead == {4: ("fünf", {"line": 5})}
+    third.write(["fünf"])
+    third.finish()
+    assert not (tmp_path / "out.txt.partial.ahead").exists()
+    ResumableOutput(str(tmp_path / "new.txt"), job).keep_ahead({3: ("x", {})})
+    (tmp_path / "new.txt.partial").unlink()
+    assert ResumableOutput(str(tmp_path / "new.txt"), job).ahead == {}
+
+
+def test_a_damaged_file_of_lines_kept_ahead_is_named_with_its_line(tmp_path) -> None:
+    target = tmp_path / "out.txt"
+    job = {"input": "x"}
+    first = ResumableOutput(str(target), job)
+    first.keep_ahead({0: ("one", {})})
+    first.close()
+    ahead = tmp_path / "out.txt.partial.ahead"
+    ahead.write_text(ahead.read_text() + '{"index": 1, "text": "tw\n')
+    with pytest.raises(ValueError, match=rf"^{ahead}:2: not a line specbeam kept; delete the file"):
+        ResumableOutput(str(target), job)
+
+
 def test_partial_output_of_another_job_is_refused(tmp_path) -> None:
     target = tmp_path / "out.txt"
     ResumableOutput(str(target), {"input": "a"}).close()

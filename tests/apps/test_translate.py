@@ -23,7 +23,7 @@ from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.inference import encodable
 from specbeam.apps.split import Splitter, join
-from specbeam.apps.translate import TranslateConfig, translate_chunk
+from specbeam.apps.translate import TranslateConfig, translate, translate_chunk
 from specbeam.integration.models import ModelPairConfig, build_model
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
@@ -247,10 +247,15 @@ def test_interrupt_inside_a_chunk_keeps_its_finished_lines_and_resumes_exactly(t
     proc.wait(timeout=120)
     reader.join(timeout=10)
     message = re.search(
-        r"interrupted: (\d+) of 60 lines are in (\S+); run the same", "".join(stderr)
+        r"interrupted: (\d+) of 60 lines are in (\S+)(?: \((\d+) later lines? in (\S+)\))?; "
+        "run the same",
+        "".join(stderr),
     )
     assert proc.returncode != 0 and message and message[2] == str(partial), "".join(stderr)
-    kept = int(message[1])
+    kept, later = int(message[1]), int(message[3] or 0)
+    if later:
+        ahead = message[4]
+        assert ahead == f"{partial}.ahead" and len(Path(ahead).read_text().splitlines()) == later
     assert partial.read_text(encoding="utf-8").count("\n") == kept < 60
     partial_stats = tmp_path / "resumed.jsonl.partial"
     assert [json.loads(r)["line"] for r in partial_stats.read_text().splitlines()] == list(
@@ -259,6 +264,8 @@ def test_interrupt_inside_a_chunk_keeps_its_finished_lines_and_resumes_exactly(t
     again = _start(tmp_path, source, output, False, *overrides)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
+    finished_too = f" ({later} later line{'s' * (later != 1)} finished too)" if later else ""
+    assert f"resuming {output} after line {kept}{finished_too}" in err
     assert output.read_bytes() == reference.read_bytes()
     assert [json.loads(r)["line"] for r in resumed_stats.read_text().splitlines()] == list(
         range(1, 61)
@@ -613,12 +620,80 @@ def test_a_chunk_after_written_lines_decodes_only_the_batches_it_needs(fuzz_pipe
     assert fewer_batches < all_batches
 
 
+def test_a_chunk_skips_the_batches_of_lines_finished_out_of_order(fuzz_pipeline) -> None:
+    """Lines an interrupted run finished after its first unfinished one (`finished`) are
+    not decoded again where their batches hold nothing else, nor reported."""
+    tokenizer, generators = fuzz_pipeline
+    cfg = TranslateConfig(hardware=HardwareConfig(batch_tokens=40, threads=1))
+    lines = [LINES[0], "", LINES[2], "Hola.", LINES[4], "Sí.", " ".join(LINES[::2])]
+    splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
+    runs = {}
+    # Batches of 40 tokens: lines {3, 4, 5}, {0, 2} and {6}; the first is finished.
+    for written, finished in ((0, set()), (1, {3, 4, 5})):
+        counted = _Counter(generators["spec_beam"])
+        got: dict[int, str] = {}
+        translate_chunk(
+            cfg, tokenizer, counted, splitter, lines, 0, 0, written=written, finished=finished,
+            on_line=lambda i, text, record, got=got: got.setdefault(i, text),
+        )  # fmt: skip
+        runs[written] = got, counted.batches
+    (whole, all_batches), (rest, fewer_batches) = runs[0], runs[1]
+    assert sorted(rest) == [1, 2, 6] and rest == {i: whole[i] for i in rest}
+    assert (fewer_batches, all_batches) == (2, 3)
+
+
+def test_an_interrupt_keeps_later_finished_lines_and_the_rerun_decodes_only_the_rest(
+    fuzz_pipeline, tmp_path, monkeypatch
+) -> None:
+    """Ctrl-C while a chunk's batches go: the lines finished after the first unfinished
+    one are kept beside the partial output (`.partial.ahead`); the rerun writes them
+    without decoding their batches again, and its file is an uninterrupted run's."""
+    tokenizer, generators = fuzz_pipeline
+    lines = [LINES[0], LINES[2], "Hola.", LINES[4], "Sí.", " ".join(LINES[::2]), "", "Y."]
+    source = tmp_path / "in.es"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def translated(output: Path, generator: Seq2SeqGenerator) -> None:
+        monkeypatch.setattr(TranslateConfig, "build", lambda self: (tokenizer, generator))
+        cfg = TranslateConfig(
+            input=str(source), output=str(output), stats_file=f"{output}.jsonl",
+            hardware=HardwareConfig(batch_tokens=40, threads=1),
+        )  # fmt: skip
+        translate(cfg)
+
+    reference = _Counter(generators["spec_beam"])
+    translated(tmp_path / "reference.en", reference)
+    output = tmp_path / "out.en"
+    with pytest.raises(SystemExit) as stop:
+        translated(output, _Counter(generators["spec_beam"], interrupt_at=2))
+    message = str(stop.value)
+    ahead = Path(f"{output}.partial.ahead")
+    kept = [json.loads(row) for row in ahead.read_text(encoding="utf-8").splitlines()]
+    written = Path(f"{output}.partial").read_text(encoding="utf-8").count("\n")
+    assert message.startswith(f"interrupted: {written} of {len(lines)} lines are in ")
+    assert f"({len(kept)} later line" in message and str(ahead) in message
+    want = (tmp_path / "reference.en").read_text(encoding="utf-8").splitlines()
+    assert kept and all(k["index"] > written for k in kept)
+    assert [k["text"] for k in kept] == [want[k["index"]] for k in kept]
+
+    rerun = _Counter(generators["spec_beam"])
+    translated(output, rerun)
+    assert output.read_bytes() == (tmp_path / "reference.en").read_bytes()
+    assert rerun.batches == reference.batches - 1  # all but the one finished before Ctrl-C
+    records = [json.loads(r) for r in Path(f"{output}.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in records] == list(range(1, len(lines) + 1))
+    assert not ahead.exists() and not Path(f"{output}.partial").exists()
+
+
 class _Counter:
     """A generator that counts the batches it decodes."""
 
-    def __init__(self, generator: Seq2SeqGenerator) -> None:
+    def __init__(self, generator: Seq2SeqGenerator, interrupt_at: int = 0) -> None:
         self.generator, self.model, self.batches = generator, generator.model, 0
+        self.interrupt_at = interrupt_at  # > 0: Ctrl-C as this batch starts
 
     def __call__(self, *args: object) -> SequenceGeneratorOutput:
         self.batches += 1
+        if self.batches == self.interrupt_at:
+            raise KeyboardInterrupt
         return self.generator(*args)
