@@ -16,8 +16,9 @@ bfloat16 and int8 where the CPU computes them natively (`hardware.target_dtype`)
 at fp32, int8 and int8_float32, which imports `ctranslate2` alone (no torch). `--engines`
 picks some by name or part of one; fairseq2's beam search always runs, the reference. Each
 process reads the token ids from a file, loads (not timed), makes one warm-up call per
-batching, then times its decode calls at batch 1, batch 16 and 1,024 padded source tokens,
-with OMP_NUM_THREADS and CTranslate2's intra_threads at `--threads` (inter_threads 1). The
+batching, then times its decode calls at batch 1, batch 16 and 1,024 padded source tokens
+(the torch engines in `translate`'s batches, `specbeam.apps.data.token_batches`; CTranslate2
+in its own, by `max_batch_size` tokens), with OMP_NUM_THREADS and CTranslate2's intra_threads at `--threads` (inter_threads 1). The
 engines run in a rotated order each repeat; rows give the minimum and the median.
 
 Beside the time, the CPU time every other process (all but the engine's and its descendants)
@@ -164,22 +165,12 @@ def convert(model: TransformerModel, out: Path, vocab_size: int) -> None:
     partial.rename(out)
 
 
-def token_batches(lengths: list[int], order: list[int], tokens: int) -> list[list[int]]:
-    """`order` in batches of at most `tokens` padded tokens (as CTranslate2's "tokens")."""
-    batches: list[list[int]] = [[]]
-    for i in order:
-        batch = batches[-1]
-        if batch and (len(batch) + 1) * max(lengths[j] for j in [*batch, i]) > tokens:
-            batches.append(batch := [])
-        batch.append(i)
-    return batches
-
-
 def prepare(job_path: Path, every: int, limit: int | None) -> None:
     """Tokenizes the verses, converts the target if not yet, and writes the job file."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from bench import Models, load_config
 
+    from specbeam.apps.data import token_batches
     from specbeam.apps.decoding import load_decoding
     from specbeam.apps.inference import encode_sources, target_prompt
     from specbeam.search import onednn
@@ -204,7 +195,7 @@ def prepare(job_path: Path, every: int, limit: int | None) -> None:
     batches = {
         name: [order[i : i + n] for i in range(0, len(order), n)]
         if kind == "examples"
-        else token_batches(lengths, order, n)
+        else token_batches(lengths, n)
         for name, (kind, n) in BATCHINGS.items()
     }
     job = {

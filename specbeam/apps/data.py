@@ -117,27 +117,26 @@ def teacher_forcing(
 def token_batches(
     lengths: Sequence[int], max_tokens: int, seed: int | None = None
 ) -> list[list[int]]:
-    """Groups indices of similar length so that rows × longest stays ≤ max_tokens.
+    """Groups indices of similar length so that rows × longest stays ≤ max_tokens, packed
+    from the longest down, so that the smaller batch left over holds the shortest: a
+    long sentence left alone would run all its steps at a few rows (CTranslate2 packs
+    its batches so too). Each batch's longest comes first.
 
     With a seed, lengths are jittered before sorting and batch order is shuffled, so
     every epoch sees different batches; without one the order is deterministic.
     """
     rng = random.Random(seed)
     keyed = sorted(
-        range(len(lengths)), key=lambda i: lengths[i] + (rng.random() if seed is not None else 0)
+        range(len(lengths)),
+        key=lambda i: lengths[i] + (rng.random() if seed is not None else 0),
+        reverse=True,
     )
     batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
     for i in keyed:
-        longest_if_added = max(longest, lengths[i])
-        if current and longest_if_added * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, longest_if_added = [], lengths[i]
-        current.append(i)
-        longest = longest_if_added
-    if current:
-        batches.append(current)
+        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
     if seed is not None:
         rng.shuffle(batches)
     return batches
