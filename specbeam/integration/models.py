@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, final
 
@@ -35,6 +35,7 @@ from specbeam.integration.hub import (
 )
 from specbeam.paths import user_path
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
+from specbeam.search.stored import stored_settings
 
 Draft = TransformerModel | DraftHead
 """A draft model: a decoder of its own, or a head over the target's states."""
@@ -58,16 +59,10 @@ class ModelArch:
     def stored(cls, arch: object, path: Path) -> ModelArch:
         """The `arch` a checkpoint at `path` stores; one that is not a `ModelArch` (another
         tool's, or a newer specbeam's) is a one-line error naming the file."""
-        names = {f.name for f in fields(cls)}
-        if not isinstance(arch, dict):
-            raise ValueError(f"{path}: its `arch` is a {type(arch).__name__}, not a table")
-        unknown = sorted(str(k) for k in arch if k not in names)
-        if unknown:
-            raise ValueError(
-                f"{path}: its `arch` has settings specbeam's models do not take: "
-                f"{', '.join(unknown)} (they take {', '.join(sorted(names))})"
-            )
-        return cls(**arch)
+        try:
+            return stored_settings(cls, arch, "arch")
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     @classmethod
     def of_nllb(cls, config: NllbConfig) -> ModelArch:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, final
 
 import torch
@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from specbeam.search import quant
 from specbeam.search.onednn import linear
+from specbeam.search.stored import stored_settings
 
 HEAD_KIND = "draft_head"
 """The `kind` of a head's checkpoint (`specbeam.integration.models.load_model`)."""
@@ -189,9 +190,8 @@ class DraftHead(nn.Module):
 
 def load_head(ckpt: Mapping[str, Any], target: TransformerModel) -> DraftHead:
     """A head from `DraftHead.checkpoint()` over `target`, in the target's data type."""
-    arch = dict(ckpt["arch"])
-    arch["feature_layers"] = tuple(arch.get("feature_layers", ()))
-    head = DraftHead(target, HeadArch(**arch))
+    arch = stored_settings(HeadArch, ckpt["arch"], "arch")
+    head = DraftHead(target, replace(arch, feature_layers=tuple(arch.feature_layers)))
     own = {k: v.to(next(target.parameters()).dtype) for k, v in ckpt["model"].items()}
     expected = set(head.own_state_dict())
     if set(own) != expected:

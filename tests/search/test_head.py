@@ -115,6 +115,21 @@ def test_checkpoint_round_trip_and_card(tmp_path, tiny_target) -> None:
         load_model(tmp_path / "head.pt")  # a head needs its target
 
 
+def test_a_head_checkpoint_whose_arch_no_head_takes_is_named_in_one_line(
+    tmp_path, tiny_target
+) -> None:
+    save_head(DraftHead(tiny_target, HeadArch(num_layers=1)), tmp_path / "head.pt", torch.float32)
+    ckpt = torch.load(tmp_path / "head.pt", weights_only=True)
+    ckpt["arch"]["draft_depth"] = 3  # a newer head's setting
+    torch.save(ckpt, tmp_path / "newer.pt")
+    with pytest.raises(ValueError) as error:
+        load_model(tmp_path / "newer.pt", target=tiny_target)
+    assert str(error.value) == (
+        f"{tmp_path / 'newer.pt'}: its `arch` has settings specbeam's models do not take: "
+        "draft_depth (they take feature_layers, num_layers)"
+    )
+
+
 def test_a_head_for_another_target_is_refused(tmp_path, tiny_target) -> None:
     save_head(DraftHead(tiny_target, HeadArch(num_layers=2)), tmp_path / "head.pt", torch.float32)
     other = copy.deepcopy(tiny_target)
