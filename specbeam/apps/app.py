@@ -156,6 +156,8 @@ def before_hydra(argv: Sequence[str], app: str, doc: str | None) -> None:
         os.environ.setdefault("FAIRSEQ2_NO_PROGRESS", "1")
     check_group_choices(argv)
     check_override_keys(argv, app)
+    for warning in shadowed_user_configs():
+        print(f"warning: {warning}", file=sys.stderr)
     if {"--help", "-h"} & set(argv):
         overrides = [a for a in argv if "=" in a and not a.startswith("-")]
         print(app_help(app, doc, overrides))
@@ -204,6 +206,19 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") 
                     f"error: {group}={choice} is unknown; allowed: {', '.join(allowed)} "
                     f"(looked in {looked})"
                 )
+
+
+def shadowed_user_configs(conf_dir: Path = SHIPPED / "conf") -> list[str]:
+    """One line per user config that a shipped one of the same name hides: the shipped
+    configs come first on the search path, so `hardware=cpu` keeps meaning the shipped
+    one, and a user's `hardware/cpu.yaml` would otherwise be ignored without a word."""
+    user = user_config_dir()
+    return [
+        f"{path} is not used: {path.parent.name}={path.stem} is a shipped config, which "
+        "comes first; rename the file"
+        for path in sorted(user.glob("*/*.yaml"))
+        if (conf_dir / path.parent.name / path.name).exists()
+    ]
 
 
 def searchpath_dirs(argv: Sequence[str]) -> list[Path]:

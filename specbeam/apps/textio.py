@@ -142,6 +142,7 @@ class ResumableOutput:
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.sidecar = self.path.with_name(self.path.name + ".partial.json")
         self.ahead_path = self.path.with_name(self.path.name + ".partial.ahead")
+        self.ahead_temporary = self.ahead_path.with_name(self.ahead_path.name + ".tmp")
         resumed = self.partial.exists()
         self.stream = _open(self.partial, path, "a")
         try:  # two jobs appending to one file would interleave their lines
@@ -161,7 +162,7 @@ class ResumableOutput:
                 self.stream.close()
                 raise
         else:
-            self.ahead_path.unlink(missing_ok=True)  # an older job's
+            self._drop_ahead()  # an older job's
         try:
             self.sidecar.write_text(json.dumps(job) + "\n")
         except OSError as error:
@@ -207,7 +208,7 @@ class ResumableOutput:
             if not lines:
                 self.ahead_path.unlink(missing_ok=True)
                 return
-            temporary = self.ahead_path.with_name(self.ahead_path.name + ".tmp")
+            temporary = self.ahead_temporary
             rows = (
                 json.dumps({"index": i, "text": text, "record": record}, ensure_ascii=False)
                 for i, (text, record) in sorted(lines.items())
@@ -225,7 +226,12 @@ class ResumableOutput:
         self.stream.close()
         os.replace(self.partial, self.path)
         self.sidecar.unlink()
+        self._drop_ahead()
+
+    def _drop_ahead(self) -> None:
+        """Removes the ahead file and a temporary one a killed write left."""
         self.ahead_path.unlink(missing_ok=True)
+        self.ahead_temporary.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self.stream is not sys.stdout and not self.stream.closed:

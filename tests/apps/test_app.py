@@ -21,7 +21,12 @@ import specbeam.apps.calibrate  # noqa: F401  (registers calibrate_schema)
 import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
 import specbeam.training.train  # noqa: F401  (registers train_schema)
-from specbeam.apps.app import check_group_choices, command_line_settings, run_app
+from specbeam.apps.app import (
+    check_group_choices,
+    command_line_settings,
+    run_app,
+    shadowed_user_configs,
+)
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.apps.help import app_help
@@ -312,6 +317,21 @@ def test_an_unknown_hardware_names_where_it_looked(tmp_path, monkeypatch) -> Non
         f"error: hardware=my_nllb is unknown; allowed: cpu, mine (looked in {SHIPPED}/conf/hardware, "
         f"{tmp_path}/specbeam/hardware, {tmp_path}/w/hardware)"
     )
+
+
+def test_a_user_config_a_shipped_one_hides_is_named(tmp_path, monkeypatch) -> None:
+    """The shipped configs come first on the search path: a user's `hardware/cpu.yaml`
+    is never read, which the user would not know without the warning."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    hardware = tmp_path / "specbeam" / "hardware"
+    hardware.mkdir(parents=True)
+    (hardware / "mine.yaml").write_text("name: mine\n")
+    assert shadowed_user_configs() == []
+    (hardware / "cpu.yaml").write_text("name: cpu\n")
+    assert shadowed_user_configs() == [
+        f"{hardware}/cpu.yaml is not used: hardware=cpu is a shipped config, which comes "
+        "first; rename the file"
+    ]
 
 
 def test_a_tilde_in_the_searchpath_is_an_error_naming_the_full_path() -> None:

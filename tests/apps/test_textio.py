@@ -151,6 +151,22 @@ def test_a_damaged_file_of_lines_kept_ahead_is_named_with_its_line(tmp_path) -> 
         ResumableOutput(str(target), job)
 
 
+def test_a_write_of_lines_ahead_cut_short_by_a_kill_leaves_nothing_behind(tmp_path) -> None:
+    """A kill inside `keep_ahead`'s write leaves its temporary file; the finished output
+    takes it away with the rest."""
+    target = tmp_path / "out.txt"
+    job = {"input": "x"}
+    first = ResumableOutput(str(target), job)
+    first.write(["one"])
+    first.close()
+    (tmp_path / "out.txt.partial.ahead.tmp").write_text('{"index": 3, "te')
+    second = ResumableOutput(str(target), job)
+    assert second.done == 1 and second.ahead == {}
+    second.write(["two"])
+    second.finish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
 def test_partial_output_of_another_job_is_refused(tmp_path) -> None:
     target = tmp_path / "out.txt"
     ResumableOutput(str(target), {"input": "a"}).close()
