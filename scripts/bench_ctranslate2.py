@@ -38,6 +38,7 @@ quantized target, not to fp32 beam. Writes ct2.md, ct2.json and ct2.png.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -254,6 +255,9 @@ def torch_decoder(job: Job, engine: str, threads: int) -> Decode:
     method = "beam" if engine == BASE else "spec_beam"
     generator = models.generator(cfg.hardware.tune(load_decoding(method)))
     prompt, eos = torch.tensor(job["prompt"]), job["eos"]
+    # As a translate process after start-up (specbeam/startup.py), for both torch engines:
+    # the run's collections skip the modules and models.
+    gc.freeze()
 
     def run(seqs: list[list[int]]) -> list[list[int]]:
         src = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in seqs], batch_first=True)
