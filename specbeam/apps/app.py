@@ -183,6 +183,11 @@ def check_override_keys(argv: Sequence[str], app: str) -> None:
             if known is None:
                 break
             if part not in known:
+                if depth == 0 and len(parts) > 1 and parts[-1] in known:
+                    # `hardware.threads=1` to an app whose own setting is `threads`
+                    raise SystemExit(
+                        f"error: {key.lstrip('+~')} is not a setting (did you mean {parts[-1]}?)"
+                    )
                 prefix = "".join(f"{p}." for p in parts[:depth])
                 raise SystemExit(f"error: {not_a_setting(prefix, part, known)}")
             node = node._get_node(part)

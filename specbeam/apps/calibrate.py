@@ -472,6 +472,8 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     with torch.inference_mode():
         cal, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
     best = max(rows, key=lambda r: r.measured)
+    if (unaccepted := never_accepted(rows)) is not None:
+        print(f"warning: {unaccepted}", file=sys.stderr)
     bounds = at_gamma(decoding, best.gamma, best.draft_width).gamma_bounds
     path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cal, bounds)
     print(describe(cal, cfg.hardware, decoding.beam_size))
@@ -486,6 +488,20 @@ def calibrate(cfg: CalibrateConfig) -> Path:
         "weights and every search above)"
     )
     return path
+
+
+def never_accepted(rows: list[GridRow]) -> str | None:
+    """A line where the target (almost) never took a drafted token, at any γ and width:
+    the draft does not fit this target or is barely trained, and the planner will decode
+    plainly; the grid's numbers say so only to a reader who knows τ."""
+    tau = max(r.shape.tau for r in rows)
+    if tau >= 1.05:
+        return None
+    return (
+        f"the target took almost none of the draft's tokens (τ ≤ {tau:.2f} at every γ and "
+        "width): the draft is untrained or made for another target, and the planner will "
+        "run plain search"
+    )
 
 
 def shipped_hardware(name: str) -> bool:

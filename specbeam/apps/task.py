@@ -45,6 +45,6 @@ class TaskConfig:
         path = user_path(self.data_dir) / f"{split}.{suffix}"
         if not path.exists():
             raise FileNotFoundError(
-                f"task {self.name}: split '{split}' not found at {path} (task.data_dir)"
+                f"split '{split}' not found at {path} (task.data_dir={self.data_dir})"
             )
         return path

@@ -32,13 +32,21 @@ from specbeam.integration.hub import (
     asset_store,
     load_card_tokenizer,
 )
-from specbeam.integration.models import ModelArch, build_model, save_head, save_model
+from specbeam.integration.models import (
+    ModelArch,
+    build_model,
+    read_checkpoint,
+    save_head,
+    save_model,
+)
 from specbeam.plural import counted
 from specbeam.search.head import HEAD_KIND, DraftHead, HeadArch
 
 
 def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]:
-    ckpt = read_checkpoint(checkpoint)
+    ckpt = read_checkpoint(
+        checkpoint, "cards are for what specbeam.train and specbeam.train_head write"
+    )
     if ckpt.get("kind") == HEAD_KIND:
         family, config = DRAFT_HEAD_FAMILY, ckpt["arch"]
     elif ckpt.get("shares_encoder", False):
@@ -51,23 +59,6 @@ def model_card(name: str, checkpoint: Path, card_dir: Path) -> dict[str, object]
         "model_config": _plain(config),
         "checkpoint": os.path.relpath(checkpoint.resolve(), card_dir.resolve()),
     }
-
-
-def read_checkpoint(path: Path) -> dict:
-    """A specbeam checkpoint, read without unpickling code (`weights_only`); anything
-    else is a one-line error naming the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint file")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # torch raises many kinds for a file that is not its own
-        raise ValueError(f"{path} is not a checkpoint torch can read safely") from None
-    if not isinstance(ckpt, dict) or "arch" not in ckpt:
-        raise ValueError(
-            f"{path} is not a specbeam checkpoint (no `arch`): cards are for what "
-            "specbeam.train and specbeam.train_head write"
-        )
-    return ckpt
 
 
 def tokenizer_fields(spm: Path, card_dir: Path, langs: list[str], default_lang: str) -> dict:

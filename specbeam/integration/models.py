@@ -232,13 +232,34 @@ def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(rounded.encode()).hexdigest()[:12]
 
 
+def read_checkpoint(path: Path, hint: str) -> dict:
+    """A specbeam checkpoint, read without unpickling code (`weights_only`); anything
+    else is a one-line error naming the file (`hint`: what to do instead)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # torch raises many kinds for a file that is not its own
+        raise ValueError(f"{path} is not a checkpoint torch can read safely") from None
+    if not isinstance(ckpt, dict) or "arch" not in ckpt:
+        raise ValueError(f"{path} is not a specbeam checkpoint (no `arch`): {hint}")
+    return ckpt
+
+
+OTHER_CHECKPOINTS = (
+    "a path is for what specbeam.train and specbeam.train_head write; another fairseq2 "
+    "model goes by its asset card (model.asset_dirs=[DIR] model.target=NAME; README, "
+    '"Your own model")'
+)
+
+
 def load_model(
     path: Path, dtype: torch.dtype = torch.float32, *, target: TransformerModel | None = None
 ) -> Any:
     """Loads a checkpoint of `save_model` (a `TransformerModel`) or `save_head` (a
     `DraftHead`); a draft saved without its encoder, and any head, is rebuilt over
     `target` (whose modules keep their precision)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(path, OTHER_CHECKPOINTS)
     if ckpt.get("kind") == HEAD_KIND:
         if target is None:
             raise ValueError(f"{path} is a draft head: load it as part of a model pair")
@@ -436,7 +457,10 @@ def load_draft(
         try:
             draft = load_model(path, dtype, target=target)
         except HeadTargetMismatch as error:
-            raise ValueError(f"{where}: a draft head made for another target ({error})") from None
+            raise ValueError(
+                f"{where}: a draft head made for another target ({error}); model.draft=none "
+                'decodes without one, or train one for it (README, "Your own model")'
+            ) from None
     try:
         check_same_vocabulary(target, draft)
     except ValueError as error:

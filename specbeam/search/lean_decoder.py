@@ -34,9 +34,6 @@ from specbeam.search.onednn import linear, linears
 
 def lean_problem(decoder: TransformerDecoder) -> str | None:
     """Why the lean path cannot run this decoder (None: it can)."""
-    norm = getattr(decoder, "layer_norm", None)
-    if not isinstance(norm, StandardLayerNorm):
-        return "no final StandardLayerNorm"
     if getattr(decoder, "dropout", None) is not None:
         return "decoder dropout"
     for layer in decoder.layers:
@@ -53,6 +50,8 @@ def lean_problem(decoder: TransformerDecoder) -> str | None:
         norms = (layer.self_attn_layer_norm, layer.encoder_decoder_attn_layer_norm, layer.ffn_layer_norm)  # fmt: skip
         if not all(isinstance(n, StandardLayerNorm) for n in norms):
             return "layer norms other than StandardLayerNorm"
+    if not isinstance(getattr(decoder, "layer_norm", None), StandardLayerNorm):
+        return "no final StandardLayerNorm"
     return None
 
 

@@ -234,6 +234,11 @@ class HeadTrainer:
             raise ValueError(
                 f"model.target={cfg.model.target}: a draft head trains on the lean decoder, "
                 f"which cannot run this target's ({problem})"
+                + (
+                    ": a head needs pre-norm layers, as NLLB's are"
+                    if "norm order" in problem
+                    else ""
+                )
             )
         num_valid = held_out(len(pairs), cfg.valid_pairs, data_path)
         target.requires_grad_(False)
@@ -261,7 +266,7 @@ class HeadTrainer:
         self.opt = torch.optim.AdamW(self.head.own_parameters(), lr=cfg.lr, betas=(0.9, 0.98))
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.history: list[dict] = []
-        self.best = -1.0
+        self.best: tuple[float, ...] | None = None  # head_score of best.pt
 
     def lr_at(self, step: int) -> float:
         warm = self.cfg.warmup_steps
@@ -279,7 +284,8 @@ class HeadTrainer:
             ckpt["epoch"],
             ckpt["batch_in_epoch"],
         )
-        self.history, self.best = ckpt["history"], ckpt["best"]
+        self.history = ckpt["history"]
+        self.best = max((head_score(h["valid"]) for h in self.history), default=None)
         log.info(
             "resumed from %s at epoch %d batch %d (step %d)",
             last, self.epoch + 1, self.batch_in_epoch, self.step,
@@ -294,7 +300,6 @@ class HeadTrainer:
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
                 "history": self.history,
-                "best": self.best,
                 "config": asdict(self.cfg),
             },
             self.out / "last.pt",
@@ -333,7 +338,7 @@ class HeadTrainer:
         self.history.append(entry)
         log.info("step %d: %s", self.step, json.dumps(entry))
         score = head_score(entry["valid"])
-        if score > self.best:
+        if self.best is None or score > self.best:
             self.best = score
             save_head(self.head, self.out / "best.pt", torch.float32)
         (self.out / "history.json").write_text(json.dumps(self.history, indent=1) + "\n")
@@ -408,10 +413,16 @@ class HeadTrainer:
             last_ckpt = time.monotonic()
 
 
-def head_score(valid: list[dict]) -> float:
+def head_score(valid: list[dict]) -> tuple[float, float, float]:
     """What exact beam search needs of a head, from a validation's per-depth summaries:
-    the target's top 5 inside the drafted top 10, at depths 1 and 2."""
-    return sum(m["top5_in_10"] for m in valid[:2])
+    the target's top 5 inside the drafted top 10, at depths 1 and 2. Ties (a short run
+    whose heads cover nothing yet) go to top-1 agreement, then to the lower loss."""
+    first = valid[:2]
+    return (
+        sum(m["top5_in_10"] for m in first),
+        sum(m["top1"] for m in first),
+        -sum(m["loss"] for m in first),
+    )
 
 
 def held_out(num_pairs: int, valid_pairs: int, data: Path) -> int:

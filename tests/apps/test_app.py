@@ -227,6 +227,7 @@ def run_entry(
         ("translate", "decoding.gama=3", "decoding.gama is not a setting (did you mean decoding.gamma?)"),
         ("translate", "+ouput=x2.en", "ouput is not a setting (did you mean output?)"),
         ("calibrate", "+hardware.thread=1", "hardware.thread is not a setting (did you mean hardware.threads?)"),
+        ("train_head", "hardware.threads=1", "hardware.threads is not a setting (did you mean threads?)"),
     ],
 )  # fmt: skip
 def test_a_misspelt_setting_is_one_line_naming_the_nearest(

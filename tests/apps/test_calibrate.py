@@ -16,6 +16,7 @@ from specbeam.apps.calibrate import (
     CallTimer,
     GridRow,
     calibrate,
+    never_accepted,
     usage,
     write_hardware,
 )
@@ -190,3 +191,16 @@ def test_a_shipped_hardware_name_is_refused() -> None:
     cfg = compose_config("calibrate", ["name=cpu"])
     with pytest.raises(ValueError, match="name=cpu is a shipped hardware config"):
         calibrate(cfg)
+
+
+def test_a_draft_the_target_never_takes_is_named() -> None:
+    """An untrained head or one of another target: every cell's τ is about 1."""
+
+    def row(tau: float) -> GridRow:
+        return GridRow(2, 5, PassShape(tau=tau), 0.5, 0.5, 0.4, 0.3, 0.3)
+
+    assert never_accepted([row(1.0), row(1.02)]) == (
+        "the target took almost none of the draft's tokens (τ ≤ 1.02 at every γ and width): "
+        "the draft is untrained or made for another target, and the planner will run plain search"
+    )
+    assert never_accepted([row(1.0), row(1.6)]) is None

@@ -79,6 +79,7 @@ def test_bad_task_settings_are_one_line(
 def test_a_missing_split_names_the_setting(tmp_path: Path) -> None:
     task = TaskConfig(data_dir=str(tmp_path), text_suffixes=["es", "en"])
     with pytest.raises(
-        FileNotFoundError, match=r"split 'train' not found at .*train.es \(task.data_dir\)"
+        FileNotFoundError,
+        match=rf"^split 'train' not found at .*train.es \(task.data_dir={tmp_path}\)$",
     ):
         task.split("train")

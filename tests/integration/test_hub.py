@@ -216,6 +216,14 @@ def test_mismatches_are_one_line(cards: Path, overrides: list[str], expected: st
     assert expected in _error(cards, *overrides)
 
 
+def test_a_head_of_another_target_says_what_to_do_instead(cards: Path) -> None:
+    """The default draft is the embedded pair's head: a user's own target meets this first."""
+    message = _error(cards, "model.target=tiny_nllb_other", "model.draft=tiny_nllb_head")
+    assert message.endswith(
+        '; model.draft=none decodes without one, or train one for it (README, "Your own model")'
+    )
+
+
 def test_asset_dirs_that_do_not_exist_are_named(tmp_path: Path) -> None:
     message = _error(tmp_path / "missing", "model=tiny_random")
     assert f"model.asset_dirs: {tmp_path / 'missing'} does not exist" in message

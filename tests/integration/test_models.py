@@ -18,6 +18,7 @@ from specbeam.integration.models import (
     check_same_vocabulary,
     load_model,
     load_pair,
+    load_target,
     num_parameters,
     same_target,
     save_head,
@@ -37,6 +38,17 @@ def test_checkpoint_round_trip(tmp_path) -> None:
         model.state_dict().items(), loaded.state_dict().items(), strict=True
     ):
         assert torch.equal(a, b), name
+
+
+def test_a_fairseq2_checkpoint_given_as_a_path_points_to_asset_cards(tmp_path) -> None:
+    """fairseq2's own checkpoints hold no `arch`: the family and settings come from a
+    card, so a path is refused in one line naming the file and the way that works."""
+    path = tmp_path / "their_model.pt"
+    torch.save({"model": {"encoder.layers.0.weight": torch.zeros(2)}}, path)
+    with pytest.raises(ValueError) as error:
+        load_target(str(path))
+    assert str(error.value).startswith(f"{path} is not a specbeam checkpoint (no `arch`): ")
+    assert "model.target=NAME" in str(error.value) and "\n" not in str(error.value)
 
 
 def test_shallow_draft_shares_the_target_encoder(tiny_target) -> None:

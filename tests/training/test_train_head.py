@@ -29,6 +29,7 @@ from specbeam.training.train_head import (
     HeadTrainer,
     TrainHeadConfig,
     head_loss,
+    head_score,
     init_head,
     unrolled_states,
 )
@@ -179,7 +180,7 @@ def test_a_target_the_lean_decoder_cannot_run_is_refused_by_card(tmp_path) -> No
         model=TargetConfig(target="post_norm", asset_dirs=[str(tmp_path)]),
         data=str(tmp_path / "data.tsv"), data_cache=str(tmp_path / "states.pt"),
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"^model.target=post_norm: a draft head trains on the lean decoder, which cannot run this target's \(no final StandardLayerNorm\)$"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"^model.target=post_norm: a draft head trains on the lean decoder, which cannot run this target's \(norm order POST\): a head needs pre-norm layers, as NLLB's are$"):  # fmt: skip
         HeadTrainer(cfg)
 
 
@@ -231,3 +232,16 @@ def test_a_small_corpus_holds_out_a_tenth_and_the_logs_count_epochs_alike(
     assert f"resumed from {tmp_path}/head/last.pt at epoch 1 batch 1 (step 1)" in caplog.messages
     assert "time budget reached at epoch 1 batch 2 (step 2)" in caplog.messages
     assert caplog.messages[-1].startswith("best head: ")
+
+
+def test_heads_that_cover_alike_are_ranked_by_agreement_then_loss() -> None:
+    """A short run's heads may all cover 0.000 of the target's top 5: best.pt must still
+    be the better one, not the first."""
+
+    def valid(cover: float, top1: float, loss: float) -> list[dict]:
+        return [{"top5_in_10": cover, "top1": top1, "loss": loss}] * 3
+
+    early, later, sharper = valid(0.0, 0.10, 7.5), valid(0.0, 0.10, 7.2), valid(0.0, 0.12, 7.4)
+    assert head_score(later) > head_score(early)
+    assert head_score(sharper) > head_score(later)
+    assert head_score(valid(0.01, 0.0, 9.0)) > head_score(sharper)
