@@ -11,7 +11,9 @@ models), so that the collections of the run skip it too.
 
 Ctrl-C before `done` (the imports, composing the config, loading the models) ends the
 process with one line, `interrupted`, and the shell's code for it (130), not a traceback;
-from `done` on, an app handles it (translate says how far its output got).
+from `done` on, an app handles it (translate says how far its output got). SIGTERM, what a
+batch scheduler's time limit, `docker stop` and systemd send, is handled as Ctrl-C is
+(`Terminated`, a `KeyboardInterrupt`), with the shell's code for it (143).
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ _begun = False
 _holding = False  # the garbage collector, until `done`
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt, so that every handler of an
+    interrupt (finished lines kept, checkpoints left whole) handles it too."""
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """The shell's code for the signal that stopped the process: 128 + its number."""
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+
+
+def stopped(stop: KeyboardInterrupt) -> str:
+    """What the process says it was: `interrupted` (SIGINT) or `terminated` (SIGTERM)."""
+    return "terminated" if isinstance(stop, Terminated) else "interrupted"
+
+
 def begin(hold_gc: bool = True) -> None:
     """Call before the imports (`python -m specbeam.translate`). `hold_gc=False` for an
     app that may never build a pipeline (evaluate, training), whose collections must not
@@ -36,6 +53,7 @@ def begin(hold_gc: bool = True) -> None:
         if hold_gc:
             gc.disable()
         signal.signal(signal.SIGINT, _on_interrupt)
+        signal.signal(signal.SIGTERM, _on_interrupt)
 
 
 def done() -> None:
@@ -48,13 +66,20 @@ def done() -> None:
             gc.freeze()
             gc.enable()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
-def interrupted() -> NoReturn:
-    """Ends the process as Ctrl-C should: one line, exit code 130 (128 + SIGINT)."""
-    print("interrupted", file=sys.stderr)
-    raise SystemExit(130)
+def interrupted(stop: KeyboardInterrupt | None = None) -> NoReturn:
+    """Ends the process as Ctrl-C (or SIGTERM: `stop`) should: one line, the shell's exit
+    code for the signal."""
+    stop = stop or KeyboardInterrupt()
+    print(stopped(stop), file=sys.stderr)
+    raise SystemExit(exit_code(stop))
 
 
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:
-    interrupted()
+    interrupted(Terminated() if signum == signal.SIGTERM else None)
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated

@@ -112,8 +112,8 @@ def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
         return app(config)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
-    except KeyboardInterrupt:
-        startup.interrupted()
+    except KeyboardInterrupt as stop:
+        startup.interrupted(stop)
 
 
 def check_known(node: DictConfig, prefix: str = "") -> None:

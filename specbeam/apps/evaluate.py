@@ -32,7 +32,7 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, open_pair
-from specbeam.paths import SHIPPED
+from specbeam.paths import SHIPPED, user_path
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -53,6 +53,27 @@ class EvaluateConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     """Batch 1 gives latency; larger batches give throughput. Quality comes from the first."""
     output_dir: str | None = None
+
+    def check(self) -> None:
+        """The settings only this app has, before any model is loaded or sentence decoded:
+        a results directory that cannot be made would be found after the whole run."""
+        if self.every < 1:
+            raise ValueError(f"every={self.every} is invalid: must be ≥ 1")
+        if self.limit < 0:
+            raise ValueError(f"limit={self.limit} is invalid: must be ≥ 0 (0: all)")
+        bad = [b for b in self.batch_sizes if b < 1]
+        if not self.batch_sizes or bad:
+            raise ValueError(f"batch_sizes={list(self.batch_sizes)} is invalid: each must be ≥ 1")
+        if self.output_dir is not None:
+            out = user_path(self.output_dir)
+            if out.exists() and not out.is_dir():
+                raise ValueError(f"output_dir={self.output_dir} is a file: give a directory")
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise ValueError(
+                    f"cannot make output_dir={self.output_dir}: {error.strerror}"
+                ) from None
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
@@ -157,7 +178,10 @@ def plot(rows: list[dict], out: Path) -> None:
 
 
 def evaluate(cfg: EvaluateConfig) -> None:
-    out = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+    cfg.check()
+    out = (
+        user_path(cfg.output_dir) if cfg.output_dir else Path(HydraConfig.get().runtime.output_dir)
+    )
     cfg.hardware.apply()
     decodings = [cfg.hardware.tune(load_decoding(name)) for name in cfg.methods]
     pair = cfg.hardware.place(open_pair(
@@ -165,8 +189,6 @@ def evaluate(cfg: EvaluateConfig) -> None:
         with_draft=any(d.speculative for d in decodings), draft_dtype=cfg.hardware.draft_torch_dtype,
     ))  # fmt: skip
     tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
-    if cfg.every < 1:
-        raise ValueError(f"every={cfg.every} is invalid: must be ≥ 1")
     pairs = cfg.task.split(cfg.split)[:: cfg.every][: cfg.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     rows = []

@@ -243,19 +243,22 @@ class ResumableOutput:
 
 @contextmanager
 def uninterrupted() -> Iterator[None]:
-    """Ctrl-C (SIGINT) waits until the block is done: output written, and counted, whole.
-    (A signal mask would not do: another thread, torch's or tqdm's, takes the signal.)"""
+    """Ctrl-C (SIGINT) and SIGTERM wait until the block is done: output written, and
+    counted, whole. (A signal mask would not do: another thread, torch's or tqdm's, takes
+    the signal.)"""
     if threading.current_thread() is not threading.main_thread():  # signals go to main
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda number, _: caught.append(number))
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda number, _: caught.append(number)) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for held_signal, handler in previous.items():
+            signal.signal(held_signal, handler)
         if caught:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(caught[0])
 
 
 def _special(path: str) -> bool:

@@ -30,6 +30,7 @@ from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
+from specbeam import startup
 from specbeam.apps.app import (
     PipelineConfig,
     before_hydra,
@@ -118,6 +119,7 @@ class TranslateConfig(PipelineConfig):
             )
         if self.chunk_lines < 1:
             raise ValueError(f"chunk_lines={self.chunk_lines} is invalid: must be ≥ 1")
+        self._check_paths()
         if parse_shard(self.shard) != (0, 1) and self.input == "-":
             raise ValueError(
                 f"shard={self.shard} needs input=FILE: stdin is streamed, and every shard must "
@@ -133,6 +135,18 @@ class TranslateConfig(PipelineConfig):
                 )
         if self.compare is not None:
             self.baseline()
+
+    def _check_paths(self) -> None:
+        """An empty path or a directory given for a file, before the models load: an empty
+        output would be the working directory, found only when the finished file is renamed."""
+        streams = {"input": "stdin", "output": "stdout", "stats_file": "stdout"}
+        for setting, path in (("input", self.input), ("output", self.output), ("stats_file", self.stats_file)):  # fmt: skip
+            if path is None:
+                continue
+            if not path.strip():
+                raise ValueError(f"{setting} is empty: give a file, or - for {streams[setting]}")
+            if setting != "input" and path != "-" and (path.endswith("/") or os.path.isdir(path)):
+                raise ValueError(f"{setting}={path} is a directory: give a file in it")
 
     def baseline(self) -> DecodingConfig:
         """compare='s decoding with this run's length and scoring settings (`_SHARED`)."""
@@ -217,10 +231,13 @@ def translate(cfg: TranslateConfig) -> None:
             split_lines += [r for r in writer.flush() if "pieces" in r]
             if cfg.compare:
                 translated += chunk[written:]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`startup.Terminated`)
         writer.flush()
         out.keep_ahead(writer.ready)
-        raise SystemExit(f"interrupted: {_kept(out, total, len(writer.ready))}") from None
+        kept = _kept(out, total, len(writer.ready))
+        bar.close()  # before the message: the bar's last line would follow it
+        print(f"{startup.stopped(stop)}: {kept}", file=sys.stderr)
+        raise SystemExit(startup.exit_code(stop)) from None
     finally:
         bar.close()
         out.close()

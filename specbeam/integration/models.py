@@ -311,6 +311,8 @@ class TargetConfig:
     def tokenizer_card(self) -> str:
         if self.tokenizer is not None:
             return self.tokenizer
+        if is_path(self.target):
+            _checkpoint("model.target", self.target)  # a missing file first: it is the problem
         if self.target == "random" or is_path(self.target):
             raise ValueError(
                 f"model.target={self.target} is not an asset card, so it names no tokenizer: "
@@ -433,7 +435,10 @@ def load_target(spec: str, store: AssetStore | None = None) -> TransformerModel:
         return load_card_model(
             retrieve_card(store, "model.target", spec), "model.target", torch.float32
         )
-    return load_model(_checkpoint("model.target", spec))
+    try:
+        return load_model(_checkpoint("model.target", spec))
+    except ValueError as error:
+        raise ValueError(f"model.target={spec}: {error}") from None
 
 
 def load_draft(
@@ -461,6 +466,8 @@ def load_draft(
                 f"{where}: a draft head made for another target ({error}); model.draft=none "
                 'decodes without one, or train one for it (README, "Your own model")'
             ) from None
+        except ValueError as error:
+            raise ValueError(f"model.draft={spec}: {error}") from None
     try:
         check_same_vocabulary(target, draft)
     except ValueError as error:

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from specbeam.apps.evaluate import EvaluateConfig
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -74,3 +78,29 @@ def test_evaluate_the_embedded_pair(tmp_path) -> None:
     assert rows["spec_beam"]["exact_match"] == always["exact_match"] == 1.0
     assert always["tau"] > 1.0
     assert rows["beam"]["bleu"] == rows["spec_beam"]["bleu"] == always["bleu"] > 10
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"every": 0}, "every=0 is invalid: must be ≥ 1"),
+        ({"limit": -1}, "limit=-1 is invalid: must be ≥ 0 (0: all)"),
+        ({"batch_sizes": [1, 0]}, "batch_sizes=[1, 0] is invalid: each must be ≥ 1"),
+        ({"batch_sizes": []}, "batch_sizes=[] is invalid: each must be ≥ 1"),
+    ],
+)
+def test_bad_settings_are_one_line_errors_before_any_work(settings: dict, expected: str) -> None:
+    with pytest.raises(ValueError) as error:
+        EvaluateConfig(**settings).check()
+    assert str(error.value) == expected
+
+
+def test_a_results_directory_that_is_a_file_is_refused_before_the_run(tmp_path) -> None:
+    """It was found after the whole evaluation, whose results were then lost."""
+    taken = tmp_path / "results"
+    taken.write_text("")
+    with pytest.raises(ValueError) as error:
+        EvaluateConfig(output_dir=str(taken)).check()
+    assert str(error.value) == f"output_dir={taken} is a file: give a directory"
+    EvaluateConfig(output_dir=str(tmp_path / "new" / "dir")).check()
+    assert (tmp_path / "new" / "dir").is_dir()

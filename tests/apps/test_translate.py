@@ -193,10 +193,13 @@ def _dev_source(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("signal_name", "from_stdin"), [("SIGKILL", False), ("SIGINT", False), ("SIGKILL", True)]
+    ("signal_name", "from_stdin"),
+    [("SIGKILL", False), ("SIGINT", False), ("SIGTERM", False), ("SIGKILL", True)],
 )
 def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdin) -> None:
-    """From stdin too: the rerun, given the same input, skips the lines the output has."""
+    """From stdin too: the rerun, given the same input, skips the lines the output has.
+    SIGTERM (a scheduler's time limit, `docker stop`) keeps the finished lines as Ctrl-C
+    does, each with the shell's exit code for its signal."""
     source = _dev_source(tmp_path)
     reference = tmp_path / "reference.en"
     assert run(tmp_path, f"input={source}", f"output={reference}", "chunk_lines=10").returncode == 0
@@ -208,8 +211,10 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdi
     proc.send_signal(getattr(signal, signal_name))
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0 and not output.exists()
-    if signal_name == "SIGINT":
-        assert "interrupted:" in stderr and "run the same command again to continue" in stderr
+    if signal_name != "SIGKILL":
+        word = {"SIGINT": "interrupted", "SIGTERM": "terminated"}[signal_name]
+        assert proc.returncode == 128 + getattr(signal, signal_name)
+        assert f"{word}:" in stderr and "run the same command again to continue" in stderr
     done = partial.read_text(encoding="utf-8").count("\n")
     assert 20 <= done < 60
 
@@ -546,6 +551,11 @@ def _hypotheses(obj: dict) -> list[tuple[str, float | None]]:
         ({"compare": "nope"}, "compare=nope is invalid: decoding=nope is unknown; allowed: beam,"),
         ({"compare": "beam:nonsense=1"}, "compare=beam:nonsense=1 is invalid: Key 'nonsense' not in"),
         ({"compare": "spec_beam"}, "compare=spec_beam is speculative: compare with a plain decoding"),
+        ({"input": ""}, "input is empty: give a file, or - for stdin"),
+        ({"output": " "}, "output is empty: give a file, or - for stdout"),
+        ({"output": "new_dir/"}, "output=new_dir/ is a directory: give a file in it"),
+        ({"output": "/tmp"}, "output=/tmp is a directory: give a file in it"),
+        ({"stats_file": ""}, "stats_file is empty: give a file, or - for stdout"),
     ],
 )  # fmt: skip
 def test_bad_output_settings_are_one_line_errors(settings: dict, expected: str) -> None:
@@ -643,7 +653,7 @@ def test_a_chunk_skips_the_batches_of_lines_finished_out_of_order(fuzz_pipeline)
 
 
 def test_an_interrupt_keeps_later_finished_lines_and_the_rerun_decodes_only_the_rest(
-    fuzz_pipeline, tmp_path, monkeypatch
+    fuzz_pipeline, tmp_path, monkeypatch, capsys
 ) -> None:
     """Ctrl-C while a chunk's batches go: the lines finished after the first unfinished
     one are kept beside the partial output (`.partial.ahead`); the rerun writes them
@@ -666,7 +676,8 @@ def test_an_interrupt_keeps_later_finished_lines_and_the_rerun_decodes_only_the_
     output = tmp_path / "out.en"
     with pytest.raises(SystemExit) as stop:
         translated(output, _Counter(generators["spec_beam"], interrupt_at=2))
-    message = str(stop.value)
+    assert stop.value.code == 130  # the shell's code for SIGINT
+    message = capsys.readouterr().err.strip().splitlines()[-1]
     ahead = Path(f"{output}.partial.ahead")
     kept = [json.loads(row) for row in ahead.read_text(encoding="utf-8").splitlines()]
     written = Path(f"{output}.partial").read_text(encoding="utf-8").count("\n")

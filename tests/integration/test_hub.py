@@ -207,8 +207,12 @@ def test_checkpoint_paths_and_a_tokenizer_card(cards: Path) -> None:
             "model.target=/nowhere/target.pt: checkpoint not found",
         ),
         (
-            ["model.target=/nowhere/target.pt"],
-            "model.target=/nowhere/target.pt is not an asset card, so it names no tokenizer",
+            ["model.target=/nowhere/target.pt"],  # a missing file first: it is the problem
+            "model.target=/nowhere/target.pt: checkpoint not found",
+        ),
+        (
+            [f"model.target={SHIPPED}/tasks/bible_es_en/models/target.pt"],
+            "models/target.pt is not an asset card, so it names no tokenizer",
         ),
     ],
 )

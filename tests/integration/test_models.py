@@ -47,8 +47,21 @@ def test_a_fairseq2_checkpoint_given_as_a_path_points_to_asset_cards(tmp_path) -
     torch.save({"model": {"encoder.layers.0.weight": torch.zeros(2)}}, path)
     with pytest.raises(ValueError) as error:
         load_target(str(path))
-    assert str(error.value).startswith(f"{path} is not a specbeam checkpoint (no `arch`): ")
+    assert str(error.value).startswith(
+        f"model.target={path}: {path} is not a specbeam checkpoint (no `arch`): "
+    )
     assert "model.target=NAME" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_file_that_is_no_checkpoint_is_one_line_naming_the_setting(tmp_path) -> None:
+    """torch's own error for it is a traceback advising weights_only=False, unsafe here."""
+    path = tmp_path / "notes.pt"
+    path.write_bytes(b"not a model\n\x80\x03")
+    with pytest.raises(ValueError) as error:
+        load_target(str(path))
+    assert str(error.value) == (
+        f"model.target={path}: {path} is not a checkpoint torch can read safely"
+    )
 
 
 def test_shallow_draft_shares_the_target_encoder(tiny_target) -> None:
