@@ -21,6 +21,8 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.config_source import ConfigLoadError
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
+from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 from typing_extensions import override
 
 from specbeam import startup
@@ -173,7 +175,7 @@ def check_override_keys(argv: Sequence[str], app: str) -> None:
     except ConfigLoadError:
         return
     for arg in argv:
-        key, sep, _ = arg.partition("=")
+        key, sep, value = arg.partition("=")
         parts = key.lstrip("+~").split(".")
         if not sep or arg.startswith("-") or parts[0] == "hydra" or "/" in key or "@" in key:
             continue  # a flag, Hydra's own settings, a group path (hydra/launcher=…), a package
@@ -191,6 +193,26 @@ def check_override_keys(argv: Sequence[str], app: str) -> None:
                 prefix = "".join(f"{p}." for p in parts[:depth])
                 raise SystemExit(f"error: {not_a_setting(prefix, part, known)}")
             node = node._get_node(part)
+        else:
+            if (problem := value_problem(node, value)) is not None:
+                raise SystemExit(f"error: {key.lstrip('+~')}={value} is invalid: {problem}")
+
+
+_KINDS = {IntegerNode: "an integer", FloatNode: "a number", BooleanNode: "true or false"}
+
+
+def value_problem(node: object, value: str) -> str | None:
+    """Why a command-line value does not fit a number or switch setting (Hydra would print
+    six lines advising HYDRA_FULL_ERROR); None where it fits or is not such a setting (a
+    null, an interpolation, a sweep: Hydra's to parse)."""
+    kind = next((k for k in _KINDS if isinstance(node, k)), None)
+    if kind is None or value in ("null", "") or any(c in value for c in "${},()"):
+        return None
+    try:
+        kind(value=value)
+    except ValidationError:
+        return f"must be {_KINDS[kind]}"
+    return None
 
 
 def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") -> None:

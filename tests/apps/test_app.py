@@ -228,6 +228,10 @@ def run_entry(
         ("translate", "+ouput=x2.en", "ouput is not a setting (did you mean output?)"),
         ("calibrate", "+hardware.thread=1", "hardware.thread is not a setting (did you mean hardware.threads?)"),
         ("train_head", "hardware.threads=1", "hardware.threads is not a setting (did you mean threads?)"),
+        ("translate", "hardware.threads=two", "hardware.threads=two is invalid: must be an integer"),
+        ("translate", "nbest=1.5", "nbest=1.5 is invalid: must be an integer"),
+        ("translate", "decoding.relax_gap=wide", "decoding.relax_gap=wide is invalid: must be a number"),
+        ("translate", "decoding.plan=maybe", "decoding.plan=maybe is invalid: must be true or false"),
     ],
 )  # fmt: skip
 def test_a_misspelt_setting_is_one_line_naming_the_nearest(
@@ -288,11 +292,28 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_code_130(app: str, tmp_path
     process = subprocess.Popen(
         cmd, cwd=SHIPPED, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    time.sleep(1.0)  # importing torch and fairseq2
+    # startup.begin catches SIGTERM just after SIGINT (Python's own SIGINT handler, a
+    # traceback, is there from the start): from then on, the imports are interrupted.
+    _wait_for_handler(process.pid, signal.SIGTERM)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130
     assert stderr.strip().splitlines() == ["interrupted"]
+
+
+def _wait_for_handler(pid: int, signum: int) -> None:
+    """Until the process catches `signum` (its /proc status's SigCgt mask)."""
+    bit = 1 << (signum - 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(
+            next(ln for ln in status.splitlines() if ln.startswith("SigCgt:")).split()[1], 16
+        )
+        if caught & bit:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never caught signal {signum}")
 
 
 def test_hardware_configs_of_the_user_directory_need_no_searchpath(tmp_path) -> None:
