@@ -41,7 +41,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     echo "$want" >"$stamp"
 fi
 
-# The native layers (lean decoder, acceptance), built once (about a minute) so that no app
+# The native layers (lean decoder, acceptance), built once (about two minutes on 2 cores) so that no app
 # waits for them; where they cannot be built, the apps run them in Python.
 .venv/bin/python -m specbeam.build_native \
     || echo "warning: the native layers were not built; decoding runs them in Python" >&2

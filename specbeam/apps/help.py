@@ -36,16 +36,24 @@ def app_help(app: str, doc: str | None, overrides: Sequence[str]) -> str:
         f"python -m specbeam.{app} [SETTING=VALUE ...]",
         "  (--cfg job prints the whole config; --hydra-help lists Hydra's own flags)",
         "",
-        "Config groups (GROUP=NAME picks conf/GROUP/NAME.yaml; * marks the one in use):",
     ]
-    for group in cfg:
-        if (SHIPPED / "conf" / str(group)).is_dir():
-            names = config_choices(str(group), [SHIPPED / "conf", user_config_dir()])
-            marked = [f"{n}*" if n == choices.get(group) else n for n in names]
-            lines.append(f"  {group}: {', '.join(marked)}")
+    # Groups of the app's defaults list only: another app's group (train_head's task, a
+    # dataclass default) cannot be picked with GROUP=NAME.
+    groups = [str(g) for g in cfg if str(g) in choices and (SHIPPED / "conf" / str(g)).is_dir()]
+    if groups:
+        lines.append(
+            "Config groups (GROUP=NAME picks conf/GROUP/NAME.yaml; * marks the one in use):"
+        )
+    for group in groups:
+        names = config_choices(group, [SHIPPED / "conf", user_config_dir()])
+        marked = [f"{n}*" if n == choices[group] else n for n in names]
+        lines.append(f"  {group}: {', '.join(marked)}")
+    if "hardware" in groups:
+        lines.append(
+            f"  (also found in {user_config_dir()}/GROUP/, where calibrate writes hardware configs)"
+        )
     lines += [
-        f"  (also found in {user_config_dir()}/GROUP/, where calibrate writes hardware configs)",
-        "",
+        *([""] if groups else []),
         "Settings (SETTING=VALUE):",
         *settings(cfg),
     ]

@@ -9,8 +9,9 @@ because every product before it streamed weights through the CPU's caches and ev
 interpreter's working set. The same ATen ops called from C++ skip the interpreter and
 give bit-identical logits; the step time this saves is in docs/bench.md.
 
-The extension is built by torch's `cpp_extension` on first use (about a minute, in
-`~/.cache/specbeam/native/<hash of sources, torch and Python>` or `$SPECBEAM_NATIVE_DIR`);
+The extension is built by torch's `cpp_extension` on first use (about two minutes on 2
+cores, in `~/.cache/specbeam/native/<hash of sources, torch and Python>` or
+`$SPECBEAM_NATIVE_DIR`);
 `scripts/setup.sh` builds it (`python -m specbeam.build_native`). Where it cannot be
 built the decoder runs its layers, and acceptance its replay, in Python, and the log says
 why; so do calls whose tensors are not on the CPU (`module_for`). `hardware.native=false`
@@ -19,6 +20,7 @@ switches it off.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import importlib.machinery
@@ -85,7 +87,7 @@ def build() -> ModuleType | None:
             from torch.utils.cpp_extension import load
 
             where.mkdir(parents=True, exist_ok=True)
-            log.info("building the native layers once (about a minute) in %s", where)
+            log.info("building the native layers once (about two minutes on 2 cores) in %s", where)
             return load(
                 NAME,
                 [str(s) for s in SOURCES],
@@ -264,6 +266,13 @@ class NativeLayers:
 def main() -> None:
     """`python -m specbeam.build_native` (scripts/setup.sh): builds the extension once, so
     that no app waits for it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m specbeam.build_native",
+        description="Builds the lean decoders' native layers once (C++ and OpenMP, about two "
+        f"minutes on 2 cores), in $SPECBEAM_NATIVE_DIR or {build_dir().parent}, so that no "
+        "app waits for them; an app builds them itself where they are missing.",
+    )
+    parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     began = time.perf_counter()
     if build() is None:

@@ -21,6 +21,7 @@ import specbeam.apps.calibrate  # noqa: F401  (registers calibrate_schema)
 import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
 import specbeam.training.train  # noqa: F401  (registers train_schema)
+import specbeam.training.train_head  # noqa: F401  (registers train_head_schema)
 from specbeam.apps.app import (
     check_group_choices,
     command_line_settings,
@@ -363,6 +364,17 @@ def test_a_tilde_in_the_searchpath_is_an_error_naming_the_full_path() -> None:
     assert exit_info.value.code == (
         f"error: hydra.searchpath entry file://~/w: Hydra does not expand ~; write file://{Path.home()}/w"
     )
+
+
+def test_help_lists_only_the_groups_an_app_can_pick() -> None:
+    """train_head's task is a dataclass default, not a group of its defaults list:
+    `task=NAME` would fail there, and no hardware group means no user directory line."""
+    text = app_help("train_head", "Trains a head.", [])
+    assert "Config groups" not in text and "\n  task:" not in text
+    assert "where calibrate writes hardware configs" not in text
+    translate_help = app_help("translate", "Translates.", [])
+    assert "\n  task: bible_es_en*" in translate_help
+    assert re.search(r"\n  hardware: .*\bcpu\*", translate_help)
 
 
 def test_help_lists_the_app_s_own_groups_and_settings_with_descriptions(tmp_path) -> None:

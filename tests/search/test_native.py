@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,3 +186,13 @@ def test_switched_off_or_unbuildable_it_runs_in_python(
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
     assert native.build.__wrapped__() is None
     assert "run in Python: c++: not found" in caplog.text
+
+
+def test_build_native_help_builds_nothing(tmp_path) -> None:
+    """--help of an entry point prints usage; it started a build of minutes."""
+    env = {**os.environ, "SPECBEAM_NATIVE_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "specbeam.build_native", "--help"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m specbeam.build_native")
+    assert list(tmp_path.iterdir()) == []
