@@ -244,7 +244,12 @@ def translate(cfg: TranslateConfig) -> None:
         if stats is not None:
             stats.close()
     if unreadable is not None:  # the lines before it are written
-        raise unreadable
+        if out.partial is None:
+            raise unreadable
+        raise ValueError(
+            f"{unreadable}; {out.partial} holds the {counted(out.done, 'line')} before it, and "
+            "the same command with input_errors=replace continues it"
+        )
     out.finish()
     if stats is not None:
         stats.finish()

@@ -306,6 +306,10 @@ def test_lines_before_invalid_utf8_are_translated_and_written(tmp_path) -> None:
     output = tmp_path / "bad.en"
     result = run(tmp_path, f"input={source}", f"output={output}")
     assert result.returncode != 0 and f"error: {source}:2: invalid UTF-8" in result.stderr
+    assert result.stderr.strip().endswith(
+        f"; {output}.partial holds the 1 line before it, and the same command with "
+        "input_errors=replace continues it"
+    )
     assert (tmp_path / "bad.en.partial").read_text(encoding="utf-8").count("\n") == 1
 
 
