@@ -101,7 +101,7 @@ def load_card_model(card: AssetCard, setting: str, dtype: torch.dtype) -> Transf
     try:
         model = _load_mapped(card, dtype)
     except (AssetCardError, ModelGatedError, ModelFamilyNotKnownError) as error:
-        raise ValueError(f"{where}: {error}") from None
+        raise ValueError(f"{where}: {str(error).rstrip('.')}{_first_cause(error)}") from None
     if not isinstance(model, TransformerModel):
         family = card.field("model_family").as_(str)
         raise ValueError(
@@ -109,6 +109,20 @@ def load_card_model(card: AssetCard, setting: str, dtype: torch.dtype) -> Transf
             "TransformerModel"
         )
     return model.eval()
+
+
+def _first_cause(error: BaseException) -> str:
+    """`: <why>` from the innermost error fairseq2 chained below its own, first sentence:
+    "checkpoint is erroneous" alone does not say that the card's `model_config` gives
+    another vocabulary size than the checkpoint's weights have."""
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if cause is error:
+        return ""
+    text = str(cause).strip()
+    first = text.split(". ", 1)[0].rstrip(".")
+    return f": {first}{' …' if len(first) + 1 < len(text) else ''}"
 
 
 def _load_mapped(card: AssetCard, dtype: torch.dtype) -> torch.nn.Module:

@@ -80,6 +80,11 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "name": name, "model_family": "transformer", "model_config": config,
             "checkpoint": f"../models/{name}.pt", **tokenizer,
         })  # fmt: skip
+    bad_config = {**dataclasses.asdict(_transformer_config(2)), "vocab_size": SIZE - 2}
+    entries.append({
+        "name": "tiny_transformer_badvocab", "model_family": "transformer",
+        "model_config": bad_config, "checkpoint": "../models/tiny_transformer.pt", **tokenizer,
+    })  # fmt: skip
     torch.manual_seed(6)
     target = build_model(target_arch)
     torch.manual_seed(0)
@@ -205,6 +210,11 @@ def test_checkpoint_paths_and_a_tokenizer_card(cards: Path) -> None:
         (
             ["model.target=/nowhere/target.pt", "model.tokenizer=tiny_nllb"],
             "model.target=/nowhere/target.pt: checkpoint not found",
+        ),
+        (
+            ["model.target=tiny_transformer_badvocab"],  # fairseq2's reason, not only its verdict
+            "asset card is erroneous: `encoder_frontend.embed.weight` has a shape of "
+            f"({SIZE}, 64) in the checkpoint, but has a shape of ({SIZE - 2}, 64) in the model …",
         ),
         (
             ["model.target=/nowhere/target.pt"],  # a missing file first: it is the problem
