@@ -66,3 +66,17 @@ def test_done_without_begin_leaves_a_library_user_s_collector_alone() -> None:
         assert gc.get_freeze_count() == 0
     finally:
         gc.enable()
+
+
+def test_sigterm_is_an_interrupt_with_its_own_word_and_exit_code() -> None:
+    """Every handler of Ctrl-C handles SIGTERM too (a scheduler's time limit); the shell
+    tells them apart by the exit code, 128 + the signal's number."""
+    assert issubclass(startup.Terminated, KeyboardInterrupt)
+    assert (startup.stopped(KeyboardInterrupt()), startup.exit_code(KeyboardInterrupt())) == (
+        "interrupted",
+        130,
+    )
+    assert (startup.stopped(startup.Terminated()), startup.exit_code(startup.Terminated())) == (
+        "terminated",
+        143,
+    )
