@@ -206,6 +206,8 @@ def value_problem(node: object, value: str) -> str | None:
     six lines advising HYDRA_FULL_ERROR); None where it fits or is not such a setting (a
     null, an interpolation, a sweep: Hydra's to parse)."""
     kind = next((k for k in _KINDS if isinstance(node, k)), None)
+    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]  # Hydra's quotes make a string, which the setting converts
     if kind is None or value in ("null", "") or any(c in value for c in "${},()"):
         return None
     try:

@@ -16,6 +16,7 @@ from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.generation.sampling import SamplingSeq2SeqGenerator
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 import specbeam.apps.calibrate  # noqa: F401  (registers calibrate_schema)
 import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
@@ -27,6 +28,7 @@ from specbeam.apps.app import (
     command_line_settings,
     run_app,
     shadowed_user_configs,
+    value_problem,
 )
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig, load_hardware
@@ -392,3 +394,12 @@ def test_help_lists_the_app_s_own_groups_and_settings_with_descriptions(tmp_path
         r"^  hardware_dir=null +None: the per-user hardware configs", calibrate_help, re.M
     )
     assert "decoding:" not in calibrate_help
+
+
+def test_a_value_is_checked_as_the_setting_will_convert_it() -> None:
+    """Quoted, a number is a string Hydra hands on and the setting converts; sweeps,
+    interpolations and null are Hydra's to parse."""
+    threads = OmegaConf.structured(HardwareConfig)._get_node("threads")
+    assert value_problem(threads, "two") == "must be an integer"
+    for fine in ("2", "'2'", '"2"', "1,2", "${oc.env:THREADS}", "null", "range(1,3)"):
+        assert value_problem(threads, fine) is None, fine
