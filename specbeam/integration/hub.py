@@ -71,7 +71,12 @@ def is_path(spec: str) -> bool:
 def retrieve_card(store: AssetStore, setting: str, name: str) -> AssetCard:
     card = store.maybe_retrieve_card(name)
     if card is None:
-        raise ValueError(f"{setting}={name}: no asset card of that name ({CARD_PLACES})")
+        here = (
+            f"; ./{name} exists, but a checkpoint path needs a / or .pt to be read as one"
+            if Path(name).exists()
+            else ""
+        )
+        raise ValueError(f"{setting}={name}: no asset card of that name ({CARD_PLACES}){here}")
     return card
 
 

@@ -230,6 +230,16 @@ def test_mismatches_are_one_line(cards: Path, overrides: list[str], expected: st
     assert expected in _error(cards, *overrides)
 
 
+def test_a_card_name_that_is_a_file_here_says_how_to_give_a_path(
+    cards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mymodel").mkdir()
+    assert _error(cards, "model.target=mymodel").endswith(
+        "; ./mymodel exists, but a checkpoint path needs a / or .pt to be read as one"
+    )
+
+
 def test_a_head_of_another_target_says_what_to_do_instead(cards: Path) -> None:
     """The default draft is the embedded pair's head: a user's own target meets this first."""
     message = _error(cards, "model.target=tiny_nllb_other", "model.draft=tiny_nllb_head")
