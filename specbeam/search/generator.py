@@ -36,6 +36,7 @@ from specbeam.search import onednn
 from specbeam.search.accept import Acceptance, BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.cache import surviving_rows
+from specbeam.search.checks import check_call, check_pair
 from specbeam.search.config import SpeculativeSearchConfig
 from specbeam.search.draft import Drafter
 from specbeam.search.head import DraftHead
@@ -99,7 +100,13 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             )
         self.config = config = SpeculativeSearchConfig.of(config, **settings)
         config.validate()
+        check_pair(model, draft_model)
         s = config.search
+        if s.beam_size >= target_vocab_info.size:
+            raise ValueError(
+                f"beam_size={s.beam_size} is invalid: must be below the vocabulary's "
+                f"{target_vocab_info.size} entries"
+            )
         model.eval()
         if draft_model is not None:
             draft_model.eval()
@@ -163,6 +170,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
+        check_call(self._model, self._draft_model, source_seqs, prompt_seqs)
         speculate = self._speculates(len(source_seqs))
         plain = self.config.search.plain
         lean = plain == "lean" or (plain == "auto" and (len(source_seqs) == 1 or onednn.active()))

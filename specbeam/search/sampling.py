@@ -33,6 +33,7 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from specbeam.search.accept import Acceptance
+from specbeam.search.checks import check_call, check_pair
 from specbeam.search.config import SpeculativeSearchConfig
 from specbeam.search.draft import Drafter, DraftShape
 from specbeam.search.head import DraftHead
@@ -183,6 +184,7 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
             settings.setdefault("temperature", SAMPLING_TEMPERATURE)
         self.config = config = SpeculativeSearchConfig.of(config, **settings)
         config.validate()
+        check_pair(model, draft_model)
         s = config.search
         model.eval()
         draft_model.eval()
@@ -221,6 +223,7 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         prompt_seqs: Tensor,
         prompt_seqs_layout: BatchLayout,
     ) -> SpeculativeGeneratorOutput:
+        check_call(self._model, self._draft_model, source_seqs, prompt_seqs)
         prompt_len, min_seq_len, max_seq_len = length_limits(
             source_seqs_layout, prompt_seqs_layout, self.config.search.gen_len,
             self.config.search.min_gen_len,
