@@ -121,9 +121,13 @@ class SpeculativeLoop(ABC, Generic[State]):
         if drafter is not None:
             stats.draft_passes = drafter.passes
             stats.peak_draft_cache_bytes = drafter.decoder.cache.peak_bytes
+        # Counted as fairseq2 counts them: prompts of 2+ tokens are prefilled, and a step
+        # generates one element per live hypothesis, one per source at the first step.
+        num_sources, prompt_len = self.prompts.shape
+        k = self.hyps_per_row
         counters = GenerationCounters(
-            prefill_size=self.prompts.numel(),
-            num_generated_elements=stats.steps * self.hyps_per_row,
+            prefill_size=self.prompts.numel() if prompt_len > 1 else 0,
+            num_generated_elements=stats.steps * k - (k - 1) * num_sources,
             generation_time=time.perf_counter() - started,
             cache_size=verifier.decoder.cache.bytes_held(),
             cache_capacity=stats.peak_target_cache_bytes,

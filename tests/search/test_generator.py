@@ -128,6 +128,10 @@ def run_both(case: Case, target, draft, vocab_info, **options):
 
 def assert_same(base, spec) -> None:
     assert len(base.hypotheses) == len(spec.hypotheses)
+    counted = ("prefill_size", "num_generated_elements")  # fairseq2's meaning of each
+    assert [getattr(spec.counters, c) for c in counted] == [
+        getattr(base.counters, c) for c in counted
+    ]
     for i, (want, got) in enumerate(zip(base.hypotheses, spec.hypotheses, strict=True)):
         assert [h.seq.tolist() for h in got] == [h.seq.tolist() for h in want], f"source {i}"
         for h, g in zip(want, got, strict=True):
