@@ -379,7 +379,13 @@ class _Op(SpeculativeLoop[BeamState]):
         self.acceptor.score_prompt(self.state, verification, self.prompts)
 
     def _accept(self, verification: Verification, tree: DraftTree) -> Acceptance:
-        return self.acceptor.accept(self.state, verification, tree, self.output)
+        acceptance = self.acceptor.accept(self.state, verification, tree, self.output)
+        # A source at the length limit is done, as fairseq2's loop ends there, even with
+        # fewer than k hypotheses finished (a step processor that bans EOS).
+        ended = self.state.step_nr >= self.rules.max_seq_len
+        if ended.any():
+            acceptance.done = acceptance.done | ended.to(acceptance.done.device)
+        return acceptance
 
     def _drop(self, done: Tensor) -> Tensor:
         """Acceptance has moved the finished hypotheses to the output: here they are

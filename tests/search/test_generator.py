@@ -556,3 +556,22 @@ def test_equivalence_with_passes_gated_at_random(
         assert_same(*result)
         if len(gate.chosen) > 8:
             assert 0 in gate.chosen and max(gate.chosen) > 0
+
+
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_a_step_processor_that_bans_eos_ends_at_the_length_limit(
+    tiny_target, tiny_draft, vocab_info, with_draft: bool
+) -> None:
+    """NGramRepeatBlockProcessor(1) over a prompt of EOS bans EOS at every step: fairseq2's
+    loop ends at max_seq_len with no finished hypothesis; ours ran past its cache."""
+    srcs = sources(seed=77, batch=3)
+    src, src_layout = pad(srcs, 0)
+    prompts, prompt_layout = pad([torch.tensor([vocab_info.eos_idx])] * 3, 0)
+    common = {"step_processors": [NGramRepeatBlockProcessor(1)]}
+    base = BeamSearchSeq2SeqGenerator(tiny_target, vocab_info, **common)
+    spec = SpeculativeBeamSearchSeq2SeqGenerator(
+        tiny_target, tiny_draft if with_draft else None, vocab_info, plan=False, **common
+    )
+    want = base(src, src_layout, prompts, prompt_layout)
+    assert any(len(h) < 5 for h in want.hypotheses)  # the case: not all finished
+    assert_same(want, spec(src, src_layout, prompts, prompt_layout))
