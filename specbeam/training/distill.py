@@ -11,6 +11,8 @@ With a draft in `model` and a speculative `decoding`, the output is the same and
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
 from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
+from specbeam.apps.data import Pair
 from specbeam.apps.inference import translate_texts
 from specbeam.paths import SHIPPED, user_path
 from specbeam.plural import counted
@@ -49,9 +52,14 @@ def chunk_path(out: Path, chunk: int) -> Path:
 
 def distill(cfg: DistillConfig) -> None:
     out = Path(cfg.out_dir).expanduser()
+    if cfg.chunk_size < 1:
+        raise ValueError(f"chunk_size={cfg.chunk_size} is invalid: must be ≥ 1")
+    parse_shard(cfg.shard)  # before anything is written
     pairs = cfg.task.split(cfg.split)
+    if not pairs:
+        raise ValueError(f"split '{cfg.split}' in task.data_dir={cfg.task.data_dir} holds no pairs")
     chunks = [pairs[i : i + cfg.chunk_size] for i in range(0, len(pairs), cfg.chunk_size)]
-    check_origin(cfg, out)
+    check_origin(cfg, out, pairs)
     if not cfg.merge_only:
         translate_chunks(cfg, out, chunks)
     missing = [c for c in range(len(chunks)) if not chunk_path(out, c).exists()]
@@ -76,22 +84,30 @@ def distill(cfg: DistillConfig) -> None:
     log.info("wrote %s (%s)", merged, counted(len(pairs), "pair"))
 
 
-def origin(cfg: DistillConfig) -> dict[str, object]:
-    """What a chunk's lines depend on: the target, the task's side and the chunking."""
+def origin(cfg: DistillConfig, pairs: list[Pair]) -> dict[str, object]:
+    """What a chunk's lines depend on: the target and its precision, the decoding, the
+    task's side, the split's content (a file edited between shards moves every later
+    chunk's pairs) and the chunking."""
     task = cfg.task
-    return {
+    text = "".join(f"{p.ref}\t{p.source}\n" for p in pairs)
+    found = {
         "target": cfg.model.target, "tokenizer": cfg.model.tokenizer_card(),
+        "target_dtype": cfg.hardware.target_dtype,
+        **{f"decoding.{k}": v for k, v in dataclasses.asdict(cfg.decoding).items()},
         "data_dir": str(user_path(task.data_dir)), "split": cfg.split,
+        "sources": f"{len(pairs)} pairs, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]}",
         "src_lang": task.src_lang, "tgt_lang": task.tgt_lang, "chunk_size": cfg.chunk_size,
     }  # fmt: skip
+    return json.loads(json.dumps(found))  # as read back: tuples are lists
 
 
-def check_origin(cfg: DistillConfig, out: Path) -> None:
-    """Chunks are resumed by file name, so an `out_dir` already holding another target's
-    or task's chunks (the default one, used before for another model) would be merged
-    into this one's data unnoticed: refuse it, and record this run's origin."""
+def check_origin(cfg: DistillConfig, out: Path, pairs: list[Pair]) -> None:
+    """Chunks are resumed by file name, so an `out_dir` already holding chunks of another
+    target, decoding or data (the default one, used before for another model; a shard
+    run after the split changed) would be merged into this one's unnoticed: refuse it,
+    and record this run's origin."""
     path = out / "chunks" / "origin.json"
-    wanted = origin(cfg)
+    wanted = origin(cfg, pairs)
     if path.exists():
         found = json.loads(path.read_text(encoding="utf-8"))
         if found != wanted:

@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specbeam.apps.data import read_tsv
+from specbeam.apps.task import TaskConfig
+from specbeam.training.distill import DistillConfig, distill
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,3 +73,32 @@ def test_merge_only_with_chunks_missing_is_an_error(tmp_path) -> None:
         "shard=i/n` for each shard)"
     )
     assert not (tmp_path / "out" / "train.tsv").exists()
+
+
+def test_chunks_of_other_data_or_another_decoding_are_refused(tmp_path) -> None:
+    """A split edited between two shards' runs moves every later chunk's pairs; another
+    decoding makes other targets: either merged in would be wrong data, silently."""
+    (tmp_path / "data").mkdir()
+    rows = [f"r{i}\tY dijo {i}.\tAnd he said {i}.\n" for i in range(4)]
+    (tmp_path / "data" / "train.tsv").write_text("".join(rows), encoding="utf-8")
+    first = run(tmp_path, "shard=0/2")
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "data" / "train.tsv").write_text("".join(["r9\tHola.\tHello.\n", *rows]))
+    edited = run(tmp_path, "shard=1/2")
+    assert edited.returncode != 0
+    assert "holds chunks of another distillation: sources 4 pairs, sha256 " in edited.stderr
+    (tmp_path / "data" / "train.tsv").write_text("".join(rows), encoding="utf-8")
+    greedy = run(tmp_path, "shard=1/2", "decoding=greedy")
+    assert greedy.returncode != 0
+    assert "decoding.name spec_beam (not greedy)" in greedy.stderr
+
+
+def test_an_empty_split_or_a_chunk_size_below_one_is_refused(tmp_path) -> None:
+    (tmp_path / "train.tsv").write_text("")
+    task = TaskConfig(data_dir=str(tmp_path))
+    out = str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"^chunk_size=0 is invalid: must be ≥ 1$"):
+        distill(DistillConfig(task=task, out_dir=out, chunk_size=0))
+    with pytest.raises(ValueError, match=rf"^split 'train' in task.data_dir={tmp_path} holds no pairs$"):  # fmt: skip
+        distill(DistillConfig(task=task, out_dir=out))
+    assert not (tmp_path / "out").exists()
