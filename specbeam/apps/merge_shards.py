@@ -48,6 +48,18 @@ def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
     parts = []
     for i, path in enumerate(shard_paths):
         begin, end = shard_range(f"{i}/{n}", total)
+        named = re.search(r"\.shard-(\d+)-of-(\d+)$", path.name)
+        if named and (int(named[1]), int(named[2])) != (i, n):
+            raise ValueError(
+                f"{path} is shard {named[1]}/{named[2]}, given as shard {i}/{n}: name the "
+                "shard files in order 0, 1, …"
+            )
+        partial = path.with_name(path.name + ".partial")
+        if partial.exists():
+            raise ValueError(
+                f"shard {i}/{n}: {partial} exists: a run of this shard is still going or was "
+                f"interrupted (run it again to finish it); {path} may be an older job's"
+            )
         if not path.exists():
             raise ValueError(
                 f"shard {i}/{n}: {path} does not exist (is it still running? look for {path}.partial)"
@@ -60,7 +72,10 @@ def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
             )
         parts.append(data)
     tmp = output.with_name(output.name + ".tmp")
-    tmp.write_bytes(b"".join(parts))
+    try:
+        tmp.write_bytes(b"".join(parts))
+    except OSError as error:
+        raise ValueError(f"cannot write --output {output}: {error.strerror}") from None
     os.replace(tmp, output)
 
 

@@ -21,7 +21,6 @@ def corpus(tmp_path: Path) -> Path:
     source.write_text("uno\ndos\n\ncuatro\ncinco\n")
     for i, lines in enumerate(["one\n", "two\n\n", "four\nfive\n"]):
         (tmp_path / f"out.en.shard-{i}-of-3").write_text(lines)
-    (tmp_path / "out.en.shard-0-of-3.partial").write_text("a partial file is not a shard\n")
     return source
 
 
@@ -61,6 +60,30 @@ def test_missing_or_wrong_shards_are_one_line_errors(corpus: Path) -> None:
     other = ["--input", str(corpus), "--output", str(corpus.with_name("none.en"))]
     assert error_of(merge_shards, *other).startswith(
         f"error: no shard files {corpus.parent}/none.en.shard-i-of-n"
+    )
+    assert not corpus.with_name("out.en").exists()
+
+
+def test_a_shard_being_rewritten_or_given_out_of_order_is_refused(corpus: Path) -> None:
+    """A .partial beside a finished shard: a newer run of it is going or was interrupted,
+    and the finished file may be an older job's. The names say each file's place."""
+    args = ["--input", str(corpus), "--output", str(corpus.with_name("out.en"))]
+    partial = corpus.with_name("out.en.shard-1-of-3.partial")
+    partial.write_text("two\n")
+    assert error_of(merge_shards, *args) == (
+        f"error: shard 1/3: {partial} exists: a run of this shard is still going or was "
+        f"interrupted (run it again to finish it); {corpus.parent}/out.en.shard-1-of-3 may "
+        "be an older job's"
+    )
+    partial.unlink()
+    swapped = [corpus.with_name(f"out.en.shard-{i}-of-3") for i in (1, 0, 2)]
+    assert error_of(merge_shards, *args, *map(str, swapped)) == (
+        f"error: {swapped[0]} is shard 1/3, given as shard 0/3: name the shard files in "
+        "order 0, 1, …"
+    )
+    unwritable = ["--input", str(corpus), "--output", str(corpus.with_name("no_dir") / "out.en")]
+    assert error_of(merge_shards, *unwritable, *(str(p) for p in sorted(swapped))).startswith(
+        f"error: cannot write --output {corpus.parent}/no_dir/out.en: "
     )
     assert not corpus.with_name("out.en").exists()
 
