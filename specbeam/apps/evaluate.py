@@ -57,6 +57,10 @@ class EvaluateConfig:
     def check(self) -> None:
         """The settings only this app has, before any model is loaded or sentence decoded:
         a results directory that cannot be made would be found after the whole run."""
+        if not self.methods or len(set(self.methods)) != len(self.methods):
+            raise ValueError(
+                f"methods={list(self.methods)} is invalid: name one or more decodings, each once"
+            )
         if self.every < 1:
             raise ValueError(f"every={self.every} is invalid: must be ≥ 1")
         if self.limit < 0:
@@ -179,6 +183,9 @@ def plot(rows: list[dict], out: Path) -> None:
 
 def evaluate(cfg: EvaluateConfig) -> None:
     cfg.check()
+    pairs = cfg.task.split(cfg.split)[:: cfg.every][: cfg.limit or None]
+    if not pairs:
+        raise ValueError(f"split '{cfg.split}' in task.data_dir={cfg.task.data_dir} holds no pairs")
     out = (
         user_path(cfg.output_dir) if cfg.output_dir else Path(HydraConfig.get().runtime.output_dir)
     )
@@ -189,7 +196,6 @@ def evaluate(cfg: EvaluateConfig) -> None:
         with_draft=any(d.speculative for d in decodings), draft_dtype=cfg.hardware.draft_torch_dtype,
     ))  # fmt: skip
     tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
-    pairs = cfg.task.split(cfg.split)[:: cfg.every][: cfg.limit or None]
     sources, refs = [p.source for p in pairs], [p.target for p in pairs]
     rows = []
     vocab = tokenizer.vocab_info

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specbeam.apps.evaluate import EvaluateConfig
+from specbeam.apps.evaluate import EvaluateConfig, evaluate
+from specbeam.apps.task import TaskConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,6 +88,11 @@ def test_evaluate_the_embedded_pair(tmp_path) -> None:
         ({"limit": -1}, "limit=-1 is invalid: must be ≥ 0 (0: all)"),
         ({"batch_sizes": [1, 0]}, "batch_sizes=[1, 0] is invalid: each must be ≥ 1"),
         ({"batch_sizes": []}, "batch_sizes=[] is invalid: each must be ≥ 1"),
+        ({"methods": []}, "methods=[] is invalid: name one or more decodings, each once"),
+        (
+            {"methods": ["beam", "beam"]},
+            "methods=['beam', 'beam'] is invalid: name one or more decodings, each once",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_errors_before_any_work(settings: dict, expected: str) -> None:
@@ -104,3 +110,12 @@ def test_a_results_directory_that_is_a_file_is_refused_before_the_run(tmp_path) 
     assert str(error.value) == f"output_dir={taken} is a file: give a directory"
     EvaluateConfig(output_dir=str(tmp_path / "new" / "dir")).check()
     assert (tmp_path / "new" / "dir").is_dir()
+
+
+def test_an_empty_split_is_named_before_the_models_load(tmp_path) -> None:
+    """sacrebleu failed on it with an IndexError after the whole run."""
+    (tmp_path / "test.tsv").write_text("")
+    cfg = EvaluateConfig(task=TaskConfig(data_dir=str(tmp_path)), output_dir=str(tmp_path / "r"))
+    with pytest.raises(ValueError) as error:
+        evaluate(cfg)
+    assert str(error.value) == f"split 'test' in task.data_dir={tmp_path} holds no pairs"
