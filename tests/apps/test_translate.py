@@ -712,3 +712,15 @@ class _Counter:
         if self.batches == self.interrupt_at:
             raise KeyboardInterrupt
         return self.generator(*args)
+
+
+def test_a_multirun_to_stdout_writes_translations_only(tmp_path) -> None:
+    """Hydra's launcher lines go to stderr (conf/hydra/hydra_logging/stderr.yaml)."""
+    (tmp_path / "in.es").write_text("Hola.\n")
+    cmd = [sys.executable, "-m", "specbeam.translate", "-m", "model=tiny_random", "hardware.threads=1",
+           "decoding=beam,greedy", "decoding.max_gen_len=[0.5,4]", f"input={tmp_path}/in.es",
+           f"hydra.sweep.dir={tmp_path}/sweep"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "[HYDRA]" not in result.stdout and "Launching 2 jobs locally" in result.stderr
+    assert len(result.stdout.splitlines()) == 2  # a line from each job
