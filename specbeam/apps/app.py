@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -158,6 +159,7 @@ def before_hydra(argv: Sequence[str], app: str, doc: str | None) -> None:
         os.environ.setdefault("FAIRSEQ2_NO_PROGRESS", "1")
     check_group_choices(argv)
     check_override_keys(argv, app)
+    check_launcher(argv)
     for warning in shadowed_user_configs():
         print(f"warning: {warning}", file=sys.stderr)
     if {"--help", "-h"} & set(argv):
@@ -215,6 +217,17 @@ def value_problem(node: object, value: str) -> str | None:
     except ValidationError:
         return f"must be {_KINDS[kind]}"
     return None
+
+
+def check_launcher(argv: Sequence[str]) -> None:
+    """A multirun on the SLURM launcher where SLURM is not: one line, not submitit's
+    traceback after the config is composed."""
+    multirun = {"-m", "--multirun"} & set(argv) and not {"--cfg", "-c"} & set(argv)
+    if multirun and "hydra/launcher=slurm" in argv and shutil.which("sbatch") is None:
+        raise SystemExit(
+            "error: hydra/launcher=slurm submits jobs with SLURM's sbatch, which is not on "
+            "PATH here (hydra/launcher=joblib runs the sweep on this machine)"
+        )
 
 
 def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") -> None:

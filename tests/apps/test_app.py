@@ -25,6 +25,7 @@ import specbeam.training.train  # noqa: F401  (registers train_schema)
 import specbeam.training.train_head  # noqa: F401  (registers train_head_schema)
 from specbeam.apps.app import (
     check_group_choices,
+    check_launcher,
     command_line_settings,
     run_app,
     shadowed_user_configs,
@@ -403,3 +404,15 @@ def test_a_value_is_checked_as_the_setting_will_convert_it() -> None:
     assert value_problem(threads, "two") == "must be an integer"
     for fine in ("2", "'2'", '"2"', "1,2", "${oc.env:THREADS}", "null", "range(1,3)"):
         assert value_problem(threads, fine) is None, fine
+
+
+def test_a_slurm_multirun_without_slurm_is_one_line(monkeypatch) -> None:
+    """submitit fails with a traceback once the config is composed; --cfg only prints it."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SystemExit) as exit_info:
+        check_launcher(["-m", "hydra/launcher=slurm", "shard=0/2,1/2"])
+    assert str(exit_info.value.code).startswith(
+        "error: hydra/launcher=slurm submits jobs with SLURM's sbatch"
+    )
+    check_launcher(["-m", "hydra/launcher=slurm", "--cfg", "hydra"])
+    check_launcher(["hydra/launcher=slurm"])
