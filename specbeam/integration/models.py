@@ -34,6 +34,7 @@ from specbeam.integration.hub import (
     retrieve_card,
 )
 from specbeam.paths import user_path
+from specbeam.search.checks import check_same_vocabulary
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
 from specbeam.search.stored import stored_settings
 
@@ -473,16 +474,6 @@ def load_draft(
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     return draft
-
-
-def check_same_vocabulary(target: TransformerModel, draft: Draft) -> None:
-    t, d = target.final_proj.output_dim, draft.final_proj.output_dim
-    if t != d:
-        raise ValueError(f"draft vocabulary ({d} entries) differs from the target's ({t} entries)")
-    if target.pad_idx != draft.pad_idx:
-        raise ValueError(
-            f"draft pad index {draft.pad_idx} differs from the target's {target.pad_idx}"
-        )
 
 
 def tokenizer_pieces(tokenizer: Tokenizer) -> list[str] | None:

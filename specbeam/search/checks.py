@@ -8,6 +8,7 @@ import logging
 
 import torch
 from fairseq2.models.seq2seq import Seq2SeqModel
+from fairseq2.models.transformer import TransformerModel
 from torch import Tensor
 
 from specbeam.search.head import DraftHead
@@ -16,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 def check_pair(model: Seq2SeqModel, draft: Seq2SeqModel | DraftHead | None) -> None:
-    """At construction: the draft scores the target's vocabulary (a head: over a target
-    of the target's width); a target whose parameters are not float32 gets a warning."""
+    """At construction: the draft scores the target's vocabulary (`check_same_vocabulary`;
+    a head: over a target of the target's width); a target whose parameters are not
+    float32 gets a warning."""
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         log.warning(
@@ -30,17 +32,24 @@ def check_pair(model: Seq2SeqModel, draft: Seq2SeqModel | DraftHead | None) -> N
         )
     if draft is None:
         return
-    ours, theirs = getattr(model, "final_proj", None), getattr(draft, "final_proj", None)
-    if ours is not None and theirs is not None and ours.output_dim != theirs.output_dim:
-        raise ValueError(
-            f"the draft's vocabulary ({theirs.output_dim} entries) differs from the "
-            f"target's ({ours.output_dim} entries)"
-        )
+    if hasattr(model, "final_proj") and hasattr(draft, "final_proj"):
+        check_same_vocabulary(model, draft)
     width = getattr(model, "model_dim", None)
     if isinstance(draft, DraftHead) and width is not None and draft.model_dim != width:
         raise ValueError(
             f"the draft head was built over a target of width {draft.model_dim}, not this "
             f"target's {width}"
+        )
+
+
+def check_same_vocabulary(target: TransformerModel, draft: TransformerModel | DraftHead) -> None:
+    """A draft scores the target's tokens: the same output size and padding index."""
+    t, d = target.final_proj.output_dim, draft.final_proj.output_dim
+    if t != d:
+        raise ValueError(f"draft vocabulary ({d} entries) differs from the target's ({t} entries)")
+    if target.pad_idx != draft.pad_idx:
+        raise ValueError(
+            f"draft pad index {draft.pad_idx} differs from the target's {target.pad_idx}"
         )
 
 

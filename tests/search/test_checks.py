@@ -30,8 +30,8 @@ def test_a_draft_of_another_vocabulary_is_refused_at_construction(tiny_target, v
     with pytest.raises(ValueError) as error:
         SpeculativeBeamSearchSeq2SeqGenerator(tiny_target, other, vocab_info)
     assert str(error.value) == (
-        f"the draft's vocabulary ({vocab_info.size + 16} entries) differs from the "
-        f"target's ({vocab_info.size} entries)"
+        f"draft vocabulary ({vocab_info.size + 16} entries) differs from the target's "
+        f"({vocab_info.size} entries)"
     )
 
 
