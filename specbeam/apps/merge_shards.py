@@ -21,12 +21,16 @@ from specbeam.apps.app import shard_path, shard_range
 from specbeam.apps.textio import read_lines
 from specbeam.plural import counted
 
+SHARD = re.compile(r"\.shard-(\d+)-of-(\d+)$")
+"""The suffix `app.shard_path` gives shard i of n: `.shard-i-of-n`."""
+
 
 def find_shards(output: Path) -> list[Path]:
     """The shard files translate wrote for `output`, in shard order."""
-    pattern = re.compile(re.escape(output.name) + r"\.shard-(\d+)-of-(\d+)")
     found = [
-        m for p in output.parent.glob(f"{output.name}.shard-*") if (m := pattern.fullmatch(p.name))
+        m
+        for p in output.parent.glob(f"{output.name}.shard-*")
+        if (m := SHARD.search(p.name)) and p.name[: m.start()] == output.name
     ]
     counts = sorted({int(m[2]) for m in found})
     if not counts:
@@ -48,7 +52,7 @@ def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
     parts = []
     for i, path in enumerate(shard_paths):
         begin, end = shard_range(f"{i}/{n}", total)
-        named = re.search(r"\.shard-(\d+)-of-(\d+)$", path.name)
+        named = SHARD.search(path.name)
         if named and (int(named[1]), int(named[2])) != (i, n):
             raise ValueError(
                 f"{path} is shard {named[1]}/{named[2]}, given as shard {i}/{n}: name the "
