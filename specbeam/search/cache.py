@@ -29,6 +29,7 @@ from fairseq2.models.transformer import AttentionState
 from torch import Tensor
 from typing_extensions import override
 
+from specbeam.search import native
 from specbeam.search.runtime import Runtime
 
 
@@ -162,13 +163,31 @@ class SpeculativeKVCache:
         """Keeps, for new hypothesis i of source s, the prefix of old hypothesis
         `origin[s, i]` followed by the speculative slots `keep[s, i]` (in slot order).
 
-        origin: (S, k) long. keep: (S, k, spec_len) bool; every hypothesis of a source
-        keeps the same number of slots (they advanced the same number of steps).
+        origin: (S, k) long. keep: (S, k, spec_len) bool, every hypothesis of a source
+        keeping the same number of slots (they advanced the same number of steps); or
+        (S, k) long, one slot each (a plain step's roots), without a mask to search.
+        Compiled where `native` is built and runs (csrc/cache.cpp, the same moves).
         """
-        kept = keep.sum(-1)  # (S, k)
+        if len(self.lens) == 0:
+            return
+        one = keep.dim() == 2
         # Slots were reserved for all k hypotheses together; each one's prefix and kept
         # slots must fit in its own positions.
-        self._make_room(int((self.lens + kept[:, 0]).max()) if len(self.lens) else 0)
+        needed = self.lens.max() + 1 if one else (self.lens + keep[:, 0].sum(-1)).max()
+        self._make_room(int(needed))
+        ext = native.module_for(self.buf)
+        if ext is not None:
+            self.columns, self.lens = ext.commit(
+                self.buf, self.columns, self.lens, self.width, origin, keep
+            )
+        elif one:
+            self._commit_roots(origin, keep)
+        else:
+            self._commit_kept(origin, keep)
+        self.width = int(self.lens.max())
+        self.spec_len = 0
+
+    def _commit_kept(self, origin: Tensor, keep: Tensor) -> None:
         flat, width, k = self.flat(), self.width, self.k
         s_idx, i_idx, slot = keep.nonzero(as_tuple=True)
         # (layers, 2, n, H, D): read the accepted slots before anything is overwritten.
@@ -177,16 +196,9 @@ class SpeculativeKVCache:
         # Rank of each kept slot within its hypothesis = its offset after the prefix.
         rank = keep.long().cumsum(-1)[s_idx, i_idx, slot] - 1
         self.buf[:, :, s_idx, self.lens[s_idx] + rank, i_idx] = accepted
-        self.lens = self.lens + kept[:, 0]
-        self.width = int(self.lens.max()) if len(self.lens) else 0
-        self.spec_len = 0
+        self.lens = self.lens + keep[:, 0].sum(-1)
 
-    def commit_roots(self, origin: Tensor, slot: Tensor) -> None:
-        """`commit` where new hypothesis i of source s keeps one slot, slot[s, i] (S, k):
-        a plain step's root, without finding the kept slots in a mask."""
-        if len(self.lens) == 0:
-            return
-        self._make_room(int(self.lens.max()) + 1)
+    def _commit_roots(self, origin: Tensor, slot: Tensor) -> None:
         k = self.k
         rows = torch.arange(len(self.lens), device=origin.device)[:, None]
         # (layers, 2, S, k, H, D): read the roots before anything is overwritten.
@@ -194,8 +206,6 @@ class SpeculativeKVCache:
         self._inherit_columns(origin)
         self.buf[:, :, rows, self.lens[:, None], torch.arange(k, device=origin.device)] = accepted
         self.lens = self.lens + 1
-        self.width = int(self.lens.max())
-        self.spec_len = 0
 
     def _inherit_columns(self, origin: Tensor) -> None:
         """Hypothesis i of source s takes the column map of hypothesis origin[s, i], and

@@ -1,7 +1,7 @@
 """The lean decoder's layer loop (`csrc/lean_layers.cpp`), its attention
 (`csrc/attention.cpp`), few-row products (`csrc/few_rows.cpp`), int8 sums on fbgemm
-(`csrc/int8_sums.cpp`) and exact acceptance's replay (`csrc/accept.cpp`) compiled, where a
-C++ compiler is at hand.
+(`csrc/int8_sums.cpp`), exact acceptance's replay (`csrc/accept.cpp`) and the cache's
+commit (`csrc/cache.cpp`) compiled, where a C++ compiler is at hand.
 
 Each small op of a decoder call (norms, views, residual adds, attention's transposes,
 cache writes: ~30 per layer) costs several times its back-to-back time in Python,
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [
     CSRC / f"{name}.cpp"
-    for name in ("module", "lean_layers", "attention", "few_rows", "int8_sums", "accept")
+    for name in ("module", "lean_layers", "attention", "few_rows", "int8_sums", "accept", "cache")
 ]
 HEADERS = [CSRC / name for name in ("native.h", "vec.h")]
 

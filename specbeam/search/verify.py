@@ -75,7 +75,7 @@ class Verifier:
         table = verification.table
         slot = verification.slot_of(origin, node)
         if verification.node_slots.size(1) == 0 and verification.chain_slots.size(-1) == 1:
-            self.decoder.cache.commit_roots(origin, slot)  # plain search: a root each
+            self.decoder.cache.commit(origin, slot)  # plain search: a root each
             return
         rows = torch.arange(slot.size(0), device=slot.device)[:, None]
         self.decoder.cache.commit(origin, table.visible[rows, slot, : table.size])

@@ -1,4 +1,5 @@
-"""The speculative KV cache: commit (gather + compaction), rollback, source selection."""
+"""The speculative KV cache: commit (gather + compaction), rollback, source selection.
+Commits run compiled (csrc/cache.cpp) and as torch ops: each commit test runs both."""
 
 from __future__ import annotations
 
@@ -15,11 +16,18 @@ from specbeam.search.cache import (
     SpeculativeKVCache,
     surviving_rows,
 )
+from specbeam.search.runtime import Runtime, RuntimeConfig
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources
 
 CPU = torch.device("cpu")
+PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+
+
+def commit_path(compiled: bool) -> Runtime:
+    """The runtime whose commits run compiled or as torch ops (`Runtime.active()`)."""
+    return Runtime(RuntimeConfig(native=compiled))
 
 
 def labelled_cache(num_sources: int, k: int, lens: list[int], spec: int) -> SpeculativeKVCache:
@@ -46,9 +54,10 @@ def flat_entry(cache: SpeculativeKVCache, s: int, key: int) -> tuple[int, ...]:
     return tuple(int(x) for x in cache.flat()[0, 0, s, key, 0])
 
 
+@PATHS
 @settings(max_examples=60, deadline=None)
 @given(st.data())
-def test_commit_matches_reference(data) -> None:
+def test_commit_matches_reference(compiled, data) -> None:
     num_sources = data.draw(st.integers(1, 3))
     k = data.draw(st.integers(1, 4))
     lens = data.draw(st.lists(st.integers(0, 5), min_size=num_sources, max_size=num_sources))
@@ -71,7 +80,8 @@ def test_commit_matches_reference(data) -> None:
         count = data.draw(st.integers(0, min(spec, 16 - lens[s])))  # the labelled cache holds 16
         for i in range(k):
             keep[s, i, data.draw(st.permutations(range(spec)))[:count]] = True
-    cache.commit(origin, keep)
+    with commit_path(compiled).active():
+        cache.commit(origin, keep)
     for s in range(num_sources):
         kept = int(keep[s, 0].sum())
         assert int(cache.lens[s]) == lens[s] + kept
@@ -84,11 +94,12 @@ def test_commit_matches_reference(data) -> None:
     assert cache.width == int(cache.lens.max()) and cache.spec_len == 0
 
 
+@PATHS
 @settings(max_examples=40, deadline=None)
 @given(st.data())
-def test_committing_one_root_each_is_a_commit_of_that_slot(data) -> None:
-    """A plain step's commit (`commit_roots`) leaves the cache as `commit` does when each
-    new hypothesis keeps exactly one slot."""
+def test_committing_one_root_each_is_a_commit_of_that_slot(compiled, data) -> None:
+    """A plain step's commit (a slot per hypothesis) leaves the cache as `commit` does
+    when each new hypothesis keeps exactly that slot in its mask."""
     num_sources = data.draw(st.integers(1, 3))
     k = data.draw(st.integers(1, 4))
     lens = data.draw(st.lists(st.integers(0, 14), min_size=num_sources, max_size=num_sources))
@@ -102,11 +113,45 @@ def test_committing_one_root_each_is_a_commit_of_that_slot(data) -> None:
     keep = torch.zeros((num_sources, k, spec), dtype=torch.bool)
     keep.scatter_(2, slot[..., None], True)
     caches = [labelled_cache(num_sources, k, lens, spec) for _ in range(2)]
-    caches[0].commit(origin, keep)
-    caches[1].commit_roots(origin, slot)
+    with commit_path(compiled).active():
+        caches[0].commit(origin, keep)
+        caches[1].commit(origin, slot)
     assert torch.equal(caches[0].buf, caches[1].buf)
     assert torch.equal(caches[0].lens, caches[1].lens)
     assert (caches[0].width, caches[0].spec_len) == (caches[1].width, caches[1].spec_len)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("roots", [False, True], ids=["kept", "roots"])
+def test_compiled_commit_moves_what_the_torch_ops_move(dtype, roots) -> None:
+    """Two layers, random entries, after a source left (the buffer's rows then stride over
+    the old batch): the same entries, column maps and lengths either way."""
+    gen = torch.Generator().manual_seed(3)
+    k, spec = 3, 7
+    caches = []
+    for compiled in (True, False):
+        cache = SpeculativeKVCache(2, 4, 12, k, 2, 4, device=CPU, dtype=dtype)
+        cache.buf.copy_(torch.randn(cache.buf.shape, generator=gen.manual_seed(3)))
+        cache.lens = torch.tensor([4, 2, 5, 0])
+        cache.columns = torch.randint(0, k, cache.columns.shape, generator=gen.manual_seed(4))
+        cache.width, cache.spec_len = 5, spec
+        cache.select_sources(torch.tensor([0, 2, 1]))
+        caches.append((compiled, cache))
+    assert not caches[0][1].buf.is_contiguous()
+    origin = torch.randint(0, k, (3, k), generator=gen.manual_seed(5))
+    if roots:
+        keep = torch.randint(0, spec, (3, k), generator=gen.manual_seed(6))
+    else:
+        keep = torch.zeros((3, k, spec), dtype=torch.bool)
+        for s, count in enumerate([2, 0, 3]):
+            for i in range(k):
+                keep[s, i, torch.randperm(spec, generator=gen)[:count]] = True
+    for compiled, cache in caches:
+        with commit_path(compiled).active():
+            cache.commit(origin, keep)
+    (_, a), (_, b) = caches
+    assert torch.equal(a.buf, b.buf) and torch.equal(a.columns, b.columns)
+    assert torch.equal(a.lens, b.lens) and a.width == b.width
 
 
 def test_select_sources_drops_rows() -> None:

@@ -88,8 +88,9 @@ def test_native_layers_match_the_python_loop_bit_for_bit(
                 assert torch.equal(want, got), (want - got).abs().max()
             assert torch.equal(decoders[0].cache.buf, decoders[1].cache.buf)
             chosen = torch.randint(k, k + 4, (3, k), generator=gen)
-            if packing is not None:
-                chosen = torch.where(valid.gather(1, chosen), chosen, torch.arange(k))
+            if packing is not None:  # all of a source's hypotheses keep as many slots
+                ok = valid.gather(1, chosen).all(1, keepdim=True)
+                chosen = torch.where(ok, chosen, torch.arange(k))
             keep = table.visible[torch.arange(3)[:, None], chosen, : table.size]
             origin = torch.randint(0, k, (3, k), generator=gen)
             for use_native, dec in zip((False, True), decoders, strict=True):

@@ -1,5 +1,5 @@
 // The extension's functions, declared once: defined in lean_layers.cpp, attention.cpp,
-// few_rows.cpp, int8_sums.cpp and accept.cpp, bound in module.cpp.
+// few_rows.cpp, int8_sums.cpp, accept.cpp and cache.cpp, bound in module.cpp.
 #pragma once
 
 #include <torch/extension.h>
@@ -34,3 +34,5 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
                            const Tensor& step_scores, const Tensor& step_nr_in,
                            const Tensor& finished, int64_t k, const std::vector<int64_t>& ints,
                            const std::vector<double>& doubles, bool bounded);
+std::vector<Tensor> commit(const Tensor& buf, const Tensor& columns, const Tensor& lens,
+                           int64_t width, const Tensor& origin, const Tensor& keep);
