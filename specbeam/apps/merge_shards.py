@@ -6,19 +6,24 @@ Without SHARD files it joins out.en.shard-0-of-n … out.en.shard-(n-1)-of-n, th
 translate writes for `output=out.en shard=i/n`; the same works for a stats_file, and for
 output_format=jsonl (one line per input line each). Shards are contiguous blocks of the
 input, so the join is a concatenation in shard order; it is refused unless every shard
-has exactly the lines it owns. The shard files are kept.
+has exactly the lines it owns, and unless the shards come from one run: translate writes
+beside each finished shard a record (`<shard>.json`: the input's sha256 and the settings
+the output depends on), and shards of another input than --input, or whose settings
+differ, are refused by name. A shard without a record (an older specbeam's) is joined
+with a warning. The shard files are kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
 from pathlib import Path
 
 from specbeam.apps.app import shard_path, shard_range
-from specbeam.apps.textio import read_lines
+from specbeam.apps.textio import file_sha256, finished_record, read_lines
 from specbeam.plural import counted
 
 SHARD = re.compile(r"\.shard-(\d+)-of-(\d+)$")
@@ -48,8 +53,10 @@ def find_shards(output: Path) -> list[Path]:
 
 def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
     total = len(read_lines(input_path, errors="replace"))
+    digest = file_sha256(input_path)
     n = len(shard_paths)
     parts = []
+    first: tuple[Path, dict] | None = None  # the first shard with a record, and its settings
     for i, path in enumerate(shard_paths):
         begin, end = shard_range(f"{i}/{n}", total)
         named = SHARD.search(path.name)
@@ -68,6 +75,11 @@ def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
             raise ValueError(
                 f"shard {i}/{n}: {path} does not exist (is it still running? look for {path}.partial)"
             )
+        settings = shard_settings(path, f"{i}/{n}", input_path, digest)
+        if settings is not None and first is None:
+            first = (path, settings)
+        elif settings is not None and first is not None:
+            check_same_settings(*first, path, settings)
         data = path.read_bytes()
         lines = data.count(b"\n")
         if lines != end - begin or (data and not data.endswith(b"\n")):
@@ -81,6 +93,62 @@ def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
     except OSError as error:
         raise ValueError(f"cannot write --output {output}: {error.strerror}") from None
     os.replace(tmp, output)
+
+
+def shard_settings(path: Path, shard: str, input_path: str, digest: str) -> dict | None:
+    """The settings in the record translate wrote beside a finished shard, after checking
+    that the record is this shard's and its input is --input's bytes (an input edited
+    between shards' runs moves every later shard's lines). None, with a warning, for a
+    shard an older specbeam wrote: it has no record."""
+    record_path = finished_record(path)
+    if not record_path.exists():
+        print(
+            f"warning: shard {shard}: {path} has no record {record_path} (written by an older "
+            "specbeam?): not checked against the input and the other shards' settings",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        settings, source = dict(record["settings"]), record["input"]
+        sha256 = str(record["input_sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"shard {shard}: {record_path} is not a record translate wrote: delete it to join "
+            f"{path} unchecked"
+        ) from None
+    if settings.get("shard") != shard:
+        raise ValueError(
+            f"shard {shard}: {record_path} records shard {settings.get('shard')}: {path} is "
+            f"another shard's output renamed or copied; translate shard {shard} again"
+        )
+    if sha256 != digest:
+        raise ValueError(
+            f"shard {shard}: {path} was translated from other text than --input {input_path} "
+            f"(input={source} with sha256 {sha256[:12]}…, not {digest[:12]}…): translate it "
+            "again from this input"
+        )
+    return settings
+
+
+def check_same_settings(first: Path, ours: dict, path: Path, theirs: dict) -> None:
+    """Shards translated with other settings (another decoding, model or precision) would
+    join into a file no single run writes: refused, naming each setting that differs."""
+    differ = [
+        f"{name} {_shown(ours.get(name))} vs {_shown(theirs.get(name))}"
+        for name in {**ours, **theirs}
+        if name != "shard" and ours.get(name) != theirs.get(name)
+    ]
+    if differ:
+        raise ValueError(
+            f"{first} and {path} come from different runs: {', '.join(differ)}; translate "
+            "every shard with the same settings"
+        )
+
+
+def _shown(value: object) -> str:
+    """A setting's value as the command line spells it (a string bare, others as JSON)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def main(argv: list[str] | None = None) -> None:

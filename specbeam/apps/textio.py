@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -124,14 +125,20 @@ class ResumableOutput:
     interrupted run finished beyond it (`ahead`, kept in `<output>.partial.ahead`). A
     symlink is followed (the partial file lies beside its target); an existing file that
     is not a regular one (a FIFO, a device, /dev/stdout) and stdout (-) are written
-    straight through: nothing to rename, so nothing to resume (`partial` is None)."""
+    straight through: nothing to rename, so nothing to resume (`partial` is None).
 
-    def __init__(self, path: str, job: dict) -> None:
+    With `record` (a shard), the finished file gets `job` and its line count beside it
+    (`finished_record`), so that merge_shards can tell shards of different runs apart; a
+    run that starts or resumes the file removes an older run's record first."""
+
+    def __init__(self, path: str, job: dict, record: bool = False) -> None:
         self.stream: TextIO
         self.done = 0
         self.ahead: dict[int, tuple[str, dict]] = {}  # line index -> (output line, record)
         self.name = "stdout" if path == "-" else path
         self.partial: Path | None = None
+        self.job = job
+        self.record: Path | None = None
         if path == "-":
             self.stream = sys.stdout
             return
@@ -142,7 +149,8 @@ class ResumableOutput:
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.sidecar = self.path.with_name(self.path.name + ".partial.json")
         self.ahead_path = self.path.with_name(self.path.name + ".partial.ahead")
-        self.ahead_temporary = self.ahead_path.with_name(self.ahead_path.name + ".tmp")
+        if record:
+            self.record = finished_record(self.path)
         resumed = self.partial.exists()
         self.stream = _open(self.partial, path, "a")
         try:  # two jobs appending to one file would interleave their lines
@@ -163,6 +171,9 @@ class ResumableOutput:
                 raise
         else:
             self._drop_ahead()  # an older job's
+        if self.record is not None:  # an older run's: it would vouch for this run's file
+            self.record.unlink(missing_ok=True)
+            _temporary(self.record).unlink(missing_ok=True)
         try:
             self.sidecar.write_text(json.dumps(job) + "\n")
         except OSError as error:
@@ -208,22 +219,23 @@ class ResumableOutput:
             if not lines:
                 self.ahead_path.unlink(missing_ok=True)
                 return
-            temporary = self.ahead_temporary
             rows = (
                 json.dumps({"index": i, "text": text, "record": record}, ensure_ascii=False)
                 for i, (text, record) in sorted(lines.items())
             )
-            try:
-                temporary.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
-                os.replace(temporary, self.ahead_path)
-            except OSError as error:
-                raise ValueError(f"cannot write {self.ahead_path}: {error.strerror}") from None
+            _write_atomically(self.ahead_path, "".join(row + "\n" for row in rows))
 
     def finish(self) -> None:
+        """Renames the complete partial file to the output; a shard's record is written
+        first, so a finished shard never lacks it (a kill in between leaves the partial
+        file, which merge_shards refuses and the rerun completes)."""
         if self.partial is None:
             self.close()
             return
         self.stream.close()
+        if self.record is not None:
+            record = {**self.job, "lines": self.done}
+            _write_atomically(self.record, json.dumps(record, indent=1, ensure_ascii=False) + "\n")
         os.replace(self.partial, self.path)
         self.sidecar.unlink()
         self._drop_ahead()
@@ -231,7 +243,7 @@ class ResumableOutput:
     def _drop_ahead(self) -> None:
         """Removes the ahead file and a temporary one a killed write left."""
         self.ahead_path.unlink(missing_ok=True)
-        self.ahead_temporary.unlink(missing_ok=True)
+        _temporary(self.ahead_path).unlink(missing_ok=True)
 
     def close(self) -> None:
         if self.stream is not sys.stdout and not self.stream.closed:
@@ -282,6 +294,21 @@ def _open(path: Path | str, output: str, mode: str) -> TextIO:
         raise ValueError(f"cannot write output {output}{via}: {error.strerror}") from None
 
 
+def _temporary(path: Path) -> Path:
+    """Where `_write_atomically` writes `path` before renaming it."""
+    return path.with_name(path.name + ".tmp")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """`path` holds `text` whole or not at all (old content, or none), whenever a kill comes."""
+    temporary = _temporary(path)
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as error:
+        raise ValueError(f"cannot write {path}: {error.strerror}") from None
+
+
 def _truncate_to_complete_lines(path: Path) -> int:
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
@@ -310,9 +337,31 @@ def _read_ahead(path: Path, done: int) -> dict[int, tuple[str, dict]]:
     return ahead
 
 
-def job_fingerprint(input_path: str, settings: object) -> dict:
-    """What must match for a rerun to continue a partial output."""
-    digest = (
-        "stdin" if input_path == "-" else hashlib.sha256(Path(input_path).read_bytes()).hexdigest()
-    )
-    return {"input": input_path, "input_sha256": digest, "settings": repr(settings)}
+def file_sha256(path: str) -> str:
+    """The digest of a file's bytes: an input edited (or replaced) since is another input."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as error:
+        raise ValueError(f"cannot read input {path}: {error.strerror}") from None
+
+
+def job_fingerprint(input_path: str, settings: dict[str, object]) -> dict:
+    """What must match for a rerun to continue a partial output, and for shards to join
+    into one output: the input's bytes and the settings, each under its own name (a
+    config's fields as `decoding.beam_size`) so that a difference can be named."""
+    digest = "stdin" if input_path == "-" else file_sha256(input_path)
+    named: dict[str, object] = {}
+    for name, value in settings.items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            named.update({f"{name}.{k}": v for k, v in dataclasses.asdict(value).items()})
+        else:
+            named[name] = value
+    settings_as_read = json.loads(json.dumps(named, default=str))  # tuples become lists
+    return {"input": input_path, "input_sha256": digest, "settings": settings_as_read}
+
+
+def finished_record(path: str | Path) -> Path:
+    """Where the record of a finished shard lies: `<file>.json` beside the file (beside
+    the target of a symlink, as its partial file is)."""
+    real = Path(os.path.realpath(path))
+    return real.with_name(real.name + ".json")

@@ -192,10 +192,14 @@ def translate(cfg: TranslateConfig) -> None:
     tokenizer, generator = cfg.build()
     splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
     output = shard_path(cfg.output, cfg.shard)
-    settings = (cfg.task, cfg.model, cfg.decoding, cfg.shard, cfg.output_format, cfg.nbest)
-    job = job_fingerprint(cfg.input, settings)
-    out = ResumableOutput(output, job)
-    stats = ResumableOutput(shard_path(cfg.stats_file, cfg.shard), job) if cfg.stats_file else None
+    job = job_fingerprint(cfg.input, output_settings(cfg))
+    sharded = parse_shard(cfg.shard)[1] > 1  # a finished shard records its run for the merge
+    out = ResumableOutput(output, job, record=sharded)
+    stats = (
+        ResumableOutput(shard_path(cfg.stats_file, cfg.shard), job, record=sharded)
+        if cfg.stats_file
+        else None
+    )
     if stats is not None:
         stats.truncate_to(out.done)
     if out.done or out.ahead:
@@ -258,6 +262,18 @@ def translate(cfg: TranslateConfig) -> None:
     if cfg.compare:
         pieces = [p for t in translated if t.strip() for p in splitter(t).pieces]
         print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)
+
+
+def output_settings(cfg: TranslateConfig) -> dict[str, object]:
+    """The settings an output depends on, after `build` tuned the decoding to this machine:
+    a partial output is resumed only with the same, and shards join only with the same
+    (`merge_shards`). The target's precision is the one it runs in (auto resolved)."""
+    return {
+        "task": cfg.task, "model": cfg.model, "decoding": cfg.decoding,
+        "hardware.target_dtype": cfg.hardware.target_precision,
+        "split_above_tokens": cfg.split_above_tokens, "shard": cfg.shard,
+        "output_format": cfg.output_format, "nbest": cfg.nbest,
+    }  # fmt: skip
 
 
 class InOrderWriter:

@@ -1,17 +1,26 @@
 """`python -m specbeam.merge_shards`: shard files found by name and joined in shard order,
-or a one-line error naming the shard that is missing or has the wrong lines."""
+or a one-line error naming the shard that is missing, has the wrong lines, or comes from
+another run (its record: another input or other settings)."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from specbeam.apps.decoding import DecodingConfig
 from specbeam.apps.merge_shards import main as merge_shards
+from specbeam.apps.textio import ResumableOutput, job_fingerprint
+from specbeam.apps.translate import TranslateConfig, output_settings
 
 REPO = Path(__file__).resolve().parents[2]
+SHARDS = ["one\n", "two\n\n", "four\nfive\n"]
+"""The corpus' three shards, translated."""
 
 
 @pytest.fixture
@@ -19,9 +28,21 @@ def corpus(tmp_path: Path) -> Path:
     """Five input lines; out.en's three shards own lines 1, 2-3 and 4-5."""
     source = tmp_path / "src.es"
     source.write_text("uno\ndos\n\ncuatro\ncinco\n")
-    for i, lines in enumerate(["one\n", "two\n\n", "four\nfive\n"]):
+    for i, lines in enumerate(SHARDS):
         (tmp_path / f"out.en.shard-{i}-of-3").write_text(lines)
     return source
+
+
+def finish_shard(source: Path, i: int, text: str, **settings: Any) -> Path:
+    """Shard i of out.en's three as translate finishes it, record included (translate's
+    job and writer, without a model); `settings` replace TranslateConfig's defaults."""
+    output = str(source.with_name("out.en"))
+    cfg = TranslateConfig(input=str(source), output=output, shard=f"{i}/3", **settings)
+    path = source.with_name(f"out.en.shard-{i}-of-3")
+    out = ResumableOutput(str(path), job_fingerprint(cfg.input, output_settings(cfg)), record=True)
+    out.write(text.splitlines())
+    out.finish()
+    return path
 
 
 def error_of(main, *argv: str) -> str:  # noqa: ANN001
@@ -99,3 +120,74 @@ def test_the_package_carries_the_merge(corpus: Path, tmp_path: Path) -> None:
     result = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert output.read_text() == "one\ntwo\n\nfour\nfive\n"
+
+
+def test_shards_of_different_runs_are_refused_naming_the_settings_that_differ(
+    corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Shard 1 translated again with decoding=beam, then with long lines left unsplit:
+    the join would mix runs. Translated again as the others were, the shards join."""
+    args = ["--input", str(corpus), "--output", str(corpus.with_name("out.en"))]
+    first, _, _ = (finish_shard(corpus, i, text) for i, text in enumerate(SHARDS))
+    beam = DecodingConfig(name="beam", speculative=False)
+    other = finish_shard(corpus, 1, SHARDS[1], decoding=beam)
+    assert error_of(merge_shards, *args) == (
+        f"error: {first} and {other} come from different runs: decoding.name spec_beam vs "
+        "beam, decoding.speculative true vs false; translate every shard with the same settings"
+    )
+    finish_shard(corpus, 1, SHARDS[1], split_above_tokens=0)
+    assert error_of(merge_shards, *args).startswith(
+        f"error: {first} and {other} come from different runs: split_above_tokens 50 vs 0; "
+    )
+    assert not corpus.with_name("out.en").exists()
+    finish_shard(corpus, 1, SHARDS[1])
+    capsys.readouterr()
+    merge_shards(args)
+    assert corpus.with_name("out.en").read_text() == "".join(SHARDS)
+    assert capsys.readouterr().err == ""  # every shard checked: no warning
+
+
+def test_a_shard_of_another_input_or_place_is_refused(corpus: Path) -> None:
+    """The input edited after shard 0 was translated (the same number of lines, so the
+    shards' lines alone cannot tell), and a shard's files copied over another's."""
+    args = ["--input", str(corpus), "--output", str(corpus.with_name("out.en"))]
+    old = hashlib.sha256(corpus.read_bytes()).hexdigest()
+    shard = finish_shard(corpus, 0, SHARDS[0])
+    corpus.write_text("uno\ndos\n\ncuatro\nseis\n")
+    new = hashlib.sha256(corpus.read_bytes()).hexdigest()
+    for i in (1, 2):
+        finish_shard(corpus, i, SHARDS[i])
+    assert error_of(merge_shards, *args) == (
+        f"error: shard 0/3: {shard} was translated from other text than --input {corpus} "
+        f"(input={corpus} with sha256 {old[:12]}…, not {new[:12]}…): translate it again "
+        "from this input"
+    )
+    finish_shard(corpus, 0, SHARDS[0])
+    copied = corpus.with_name("out.en.shard-1-of-3.json")
+    shutil.copy(corpus.with_name("out.en.shard-2-of-3.json"), copied)
+    assert error_of(merge_shards, *args) == (
+        f"error: shard 1/3: {copied} records shard 2/3: {corpus.parent}/out.en.shard-1-of-3 is "
+        "another shard's output renamed or copied; translate shard 1/3 again"
+    )
+    copied.write_text('{"settings": ')
+    assert error_of(merge_shards, *args) == (
+        f"error: shard 1/3: {copied} is not a record translate wrote: delete it to join "
+        f"{corpus.parent}/out.en.shard-1-of-3 unchecked"
+    )
+    assert not corpus.with_name("out.en").exists()
+
+
+def test_a_shard_without_a_record_is_joined_with_a_warning(
+    corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shard an older specbeam finished has no record: the others are still checked."""
+    for i in (0, 2):
+        finish_shard(corpus, i, SHARDS[i])
+    output = corpus.with_name("out.en")
+    merge_shards(["--input", str(corpus), "--output", str(output)])
+    assert output.read_text() == "".join(SHARDS)
+    shard = corpus.with_name("out.en.shard-1-of-3")
+    assert capsys.readouterr().err == (
+        f"warning: shard 1/3: {shard} has no record {shard}.json (written by an older "
+        "specbeam?): not checked against the input and the other shards' settings\n"
+    )

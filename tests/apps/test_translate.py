@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.inference import encodable
+from specbeam.apps.merge_shards import main as merge_shards
 from specbeam.apps.split import Splitter, join
 from specbeam.apps.translate import TranslateConfig, translate, translate_chunk
 from specbeam.integration.models import ModelPairConfig, build_model
@@ -355,8 +357,8 @@ def test_the_documented_compare_with_settings_parses_on_the_command_line() -> No
 
 def test_shards_swept_with_joblib_merge_into_the_unsharded_output(tmp_path, source_file) -> None:
     """README's corpus command: one command line swept over shards writes a file per
-    shard (`out.en.shard-i-of-n`, its stats likewise); `specbeam.merge_shards` finds and
-    joins them."""
+    shard (`out.en.shard-i-of-n`, its stats likewise), each with its record (`.json`);
+    `specbeam.merge_shards` finds and joins them, every shard's record checked."""
     # One sentence per batch: fairseq2's length cap (a × longest source in the batch + b)
     # makes capped outputs depend on batch company, and untrained models always hit it.
     alone = "hardware.batch_tokens=1"
@@ -369,14 +371,14 @@ def test_shards_swept_with_joblib_merge_into_the_unsharded_output(tmp_path, sour
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in tmp_path.glob("*.shard-*")) == [
-        *(f"out.en.shard-{i}-of-3" for i in range(3)),
-        *(f"stats.jsonl.shard-{i}-of-3" for i in range(3)),
+        *(f"out.en.shard-{i}-of-3{record}" for i in range(3) for record in ("", ".json")),
+        *(f"stats.jsonl.shard-{i}-of-3{record}" for i in range(3) for record in ("", ".json")),
     ]
     for name in ("out.en", "stats.jsonl"):
         merge = [sys.executable, "-m", "specbeam.merge_shards", "--input", str(source_file),
                  "--output", str(tmp_path / name)]  # fmt: skip
         result = subprocess.run(merge, cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 0 and result.stderr == "", result.stderr  # no warning
     assert (tmp_path / "out.en").read_bytes() == whole.read_bytes()
     records = [json.loads(line) for line in (tmp_path / "stats.jsonl").read_text().splitlines()]
     assert [r["line"] for r in records] == [1, 2, 3, 4, 5]
@@ -698,6 +700,58 @@ def test_an_interrupt_keeps_later_finished_lines_and_the_rerun_decodes_only_the_
     records = [json.loads(r) for r in Path(f"{output}.jsonl").read_text().splitlines()]
     assert [r["line"] for r in records] == list(range(1, len(lines) + 1))
     assert not ahead.exists() and not Path(f"{output}.partial").exists()
+
+
+def test_a_finished_shard_records_its_run_and_a_rerun_replaces_the_record(
+    fuzz_pipeline, tmp_path, monkeypatch, capsys
+) -> None:
+    """Each finished shard file (and stats shard) has `<file>.json`: the input's digest,
+    the settings and its line count. A shard translated again with decoding=beam is
+    refused by merge_shards, naming the settings; a rerun of the shard that is
+    interrupted leaves no record (an older run's would vouch for the new file), and
+    finished again as the other was, the shards join."""
+    tokenizer, generators = fuzz_pipeline
+    source = tmp_path / "in.es"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    output = tmp_path / "out.en"
+
+    def shard(i: int, generator: Seq2SeqGenerator, decoding: DecodingConfig) -> None:
+        monkeypatch.setattr(TranslateConfig, "build", lambda self: (tokenizer, generator))
+        cfg = TranslateConfig(
+            input=str(source), output=str(output), stats_file=f"{tmp_path}/stats.jsonl",
+            shard=f"{i}/2", decoding=decoding, hardware=HardwareConfig(threads=1),
+        )  # fmt: skip
+        translate(cfg)
+
+    spec_beam = DecodingConfig(max_gen_len=[0.5, 4])
+    beam = DecodingConfig(name="beam", speculative=False, max_gen_len=[0.5, 4])
+    for i in (0, 1):
+        shard(i, generators["spec_beam"], spec_beam)
+    record = json.loads(Path(f"{output}.shard-1-of-2.json").read_text(encoding="utf-8"))
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    assert (record["input"], record["input_sha256"], record["lines"]) == (str(source), digest, 3)
+    settings = record["settings"]
+    assert (settings["shard"], settings["decoding.name"]) == ("1/2", "spec_beam")
+    assert Path(f"{tmp_path}/stats.jsonl.shard-1-of-2.json").exists()
+
+    merge = ["--input", str(source), "--output", str(output)]
+    shard(1, generators["beam"], beam)
+    with pytest.raises(SystemExit) as refused:
+        merge_shards(merge)
+    assert refused.value.code == (
+        f"error: {output}.shard-0-of-2 and {output}.shard-1-of-2 come from different runs: "
+        "decoding.name spec_beam vs beam, decoding.speculative true vs false; translate every "
+        "shard with the same settings"
+    )
+    with pytest.raises(SystemExit):
+        shard(1, _Counter(generators["spec_beam"], interrupt_at=1), spec_beam)
+    assert Path(f"{output}.shard-1-of-2.partial").exists()
+    assert not Path(f"{output}.shard-1-of-2.json").exists()
+    shard(1, generators["spec_beam"], spec_beam)
+    capsys.readouterr()
+    merge_shards(merge)
+    assert capsys.readouterr().err == ""
+    assert output.read_text(encoding="utf-8").count("\n") == len(LINES)
 
 
 class _Counter:
