@@ -51,7 +51,16 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [
     CSRC / f"{name}.cpp"
-    for name in ("module", "lean_layers", "attention", "few_rows", "int8_sums", "accept", "cache")
+    for name in (
+        "module",
+        "lean_layers",
+        "attention",
+        "few_rows",
+        "int8_sums",
+        "accept",
+        "top",
+        "cache",
+    )
 ]
 HEADERS = [CSRC / name for name in ("native.h", "vec.h")]
 

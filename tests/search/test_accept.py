@@ -331,3 +331,47 @@ def test_the_compiled_replay_is_the_python_replay(
             assert b.seq.tolist() == a.seq.tolist()
             assert float(b.score) == float(a.score)
             assert torch.equal(b.step_scores, a.step_scores)
+
+
+def candidates_with_ties(gen: torch.Generator, case: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """base (N, h) and log-probs (N, h, V) whose top candidates tie as `case` says."""
+    h, vocab = 3, 40
+    base = -torch.rand(4, h, generator=gen)
+    lprobs = torch.log_softmax(torch.randn(4, h, vocab, generator=gen) * 3, -1)
+    if case in ("within", "boundary"):
+        base[:, :] = base[:, :1]  # so that equal log-probs are equal candidates
+    best = (base[..., None] + lprobs).flatten(1).topk(7).indices
+    rows, tokens = best // vocab, best % vocab
+    n = torch.arange(4)
+    if case == "within":  # the 2nd best equals the best
+        lprobs[n, rows[:, 1], tokens[:, 1]] = lprobs[n, rows[:, 0], tokens[:, 0]]
+    elif case == "boundary":  # the m-th and (m + 1)-th best are equal
+        lprobs[n, rows[:, 6], tokens[:, 6]] = lprobs[n, rows[:, 5], tokens[:, 5]]
+    elif case == "nan":
+        lprobs[:, 1, 3] = math.nan
+    elif case == "off_tree":  # hypotheses off the tree have no candidates
+        base[:, 1:] = -math.inf
+    elif case == "few_finite":  # a forced EOS: one finite candidate per row
+        lprobs[:] = -math.inf
+        lprobs[..., 2] = 0.0
+    return base, lprobs
+
+
+@pytest.mark.parametrize(
+    "case", ["distinct", "within", "boundary", "nan", "off_tree", "few_finite"]
+)
+def test_the_scan_finds_topks_candidates_or_leaves_them_to_topk(case: str) -> None:
+    """csrc/top.cpp: where the m + 1 best candidates are distinct, one scan gives topk's
+    values and indices; where ties, NaN or too few finite ones leave the order to topk's
+    own algorithm, it says so (acceptance then calls topk)."""
+    ext = native.build()
+    assert ext is not None
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        base, lprobs = candidates_with_ties(gen, case)
+        values, indices, found = ext.top_candidates(base, lprobs, 6)
+        want = (base[..., None] + lprobs).flatten(1).topk(6)
+        expected = case in ("distinct", "off_tree")
+        assert torch.equal(found, torch.full((4,), expected)), case
+        assert torch.equal(values[found], want.values[found])
+        assert torch.equal(indices[found], want.indices[found])

@@ -213,14 +213,26 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
       }
     }
     Tensor lprobs = rules.scored(logits.index_select(0, at_slot), row_step);
-    Tensor cand = (base.unsqueeze(-1) + lprobs.view({num_sources, h, vocab})).flatten(1);
-    const int64_t m = std::min<int64_t>(2 * k, cand.size(1));
+    const int64_t m = std::min<int64_t>(2 * k, h * vocab);
     TORCH_CHECK(m >= k, "fewer candidates than the beam");
-    auto ranked = cand.topk(m);
-    const Tensor top_t = std::get<0>(ranked).contiguous();
-    const Tensor index_t = std::get<1>(ranked).contiguous();
-    const float* top = top_t.data_ptr<float>();
-    const int64_t* index = index_t.data_ptr<int64_t>();
+    // Each source's top m of base + lprobs (k·V candidates): topk's, found by one scan
+    // where no tie makes the order topk's own (csrc/top.cpp).
+    std::vector<float> top_v(num_sources * m);
+    std::vector<int64_t> index_v(num_sources * m);
+    const float* lp_all = lprobs.data_ptr<float>();
+    for (int64_t s = 0; s < num_sources; ++s) {
+      if (top_distinct(b + s * h, lp_all + s * h * vocab, h, vocab, m, &top_v[s * m],
+                       &index_v[s * m]))
+        continue;
+      Tensor cand = (base[s].unsqueeze(-1) + lprobs.view({num_sources, h, vocab})[s]).flatten();
+      auto ranked = cand.topk(m);
+      const Tensor top_t = std::get<0>(ranked).contiguous();
+      const Tensor index_t = std::get<1>(ranked).contiguous();
+      std::copy_n(top_t.data_ptr<float>(), m, &top_v[s * m]);
+      std::copy_n(index_t.data_ptr<int64_t>(), m, &index_v[s * m]);
+    }
+    const float* top = top_v.data();
+    const int64_t* index = index_v.data();
 
     Choice choice{std::vector<int64_t>(num_sources * k), std::vector<int64_t>(num_sources * k),
                   std::vector<int64_t>(num_sources * k), std::vector<float>(num_sources * k)};

@@ -1,7 +1,7 @@
 // The extension's Python bindings: the lean decoder's layers (lean_layers.cpp), the
 // lean layers' attention (attention.cpp), fp32 products over a few rows (few_rows.cpp), int8
-// sums on fbgemm (int8_sums.cpp), acceptance's replay (accept.cpp) and the cache's commit
-// (cache.cpp).
+// sums on fbgemm (int8_sums.cpp), acceptance's replay (accept.cpp) and its candidates
+// (top.cpp), and the cache's commit (cache.cpp).
 #include "native.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -14,6 +14,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_sums", &int8_sums, "int8 × int8 sums over fbgemm's packed copy, exact");
   m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
   m.def("accept", &accept, "acceptance (exact or relaxed) over a verified draft tree");
+  m.def("top_candidates", &top_candidates, "a beam step's best candidates where unambiguous");
   m.def("commit", &commit, "the speculative cache's commit of the kept slots");
   m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;
   m.attr("INTS_PER_LAYER") = kIntsPerLayer;

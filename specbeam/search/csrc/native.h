@@ -1,5 +1,5 @@
 // The extension's functions, declared once: defined in lean_layers.cpp, attention.cpp,
-// few_rows.cpp, int8_sums.cpp, accept.cpp and cache.cpp, bound in module.cpp.
+// few_rows.cpp, int8_sums.cpp, accept.cpp, top.cpp and cache.cpp, bound in module.cpp.
 #pragma once
 
 #include <torch/extension.h>
@@ -36,3 +36,8 @@ std::vector<Tensor> accept(const Tensor& logits_in, const Tensor& root_slots,
                            const std::vector<double>& doubles, bool bounded);
 std::vector<Tensor> commit(const Tensor& buf, const Tensor& columns, const Tensor& lens,
                            int64_t width, const Tensor& origin, const Tensor& keep);
+// The m best of base[r] + lprobs[r * vocab + t] over rows × vocab candidates, descending,
+// where they are unambiguous (top.cpp); false leaves them to ATen's topk.
+bool top_distinct(const float* base, const float* lprobs, int64_t rows, int64_t vocab, int64_t m,
+                  float* values, int64_t* indices);
+std::vector<Tensor> top_candidates(const Tensor& base, const Tensor& lprobs, int64_t m);
