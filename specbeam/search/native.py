@@ -1,7 +1,8 @@
 """The lean decoder's layer loop (`csrc/lean_layers.cpp`), its attention
 (`csrc/attention.cpp`), few-row products (`csrc/few_rows.cpp`), int8 sums on fbgemm
-(`csrc/int8_sums.cpp`), exact acceptance's replay (`csrc/accept.cpp`) and the cache's
-commit (`csrc/cache.cpp`) compiled, where a C++ compiler is at hand.
+(`csrc/int8_sums.cpp`), exact acceptance's replay and its candidates (`csrc/accept.cpp`,
+`csrc/top.cpp`), the cache's commit (`csrc/cache.cpp`) and a call's roots and embeddings
+(`csrc/inputs.cpp`) compiled, where a C++ compiler is at hand.
 
 Each small op of a decoder call (norms, views, residual adds, attention's transposes,
 cache writes: ~30 per layer) costs several times its back-to-back time in Python,
@@ -49,19 +50,8 @@ if TYPE_CHECKING:  # the cache calls this module
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [
-    CSRC / f"{name}.cpp"
-    for name in (
-        "module",
-        "lean_layers",
-        "attention",
-        "few_rows",
-        "int8_sums",
-        "accept",
-        "top",
-        "cache",
-    )
-]
+NAMES = "module lean_layers attention few_rows int8_sums accept top cache inputs"
+SOURCES = [CSRC / f"{name}.cpp" for name in NAMES.split()]
 HEADERS = [CSRC / name for name in ("native.h", "vec.h")]
 
 

@@ -8,6 +8,8 @@ from typing import final
 import torch
 from torch import Tensor
 
+from specbeam.search import native
+
 
 @final
 class SlotTable:
@@ -41,6 +43,14 @@ class SlotTable:
         device = tokens.device
         begin = self.size
         if c == 1:  # the roots alone (every pass after the first): each sees itself
+            ext = native.module_for(tokens)
+            if ext is not None:  # compiled: the same writes
+                roots = ext.add_roots(
+                    self.tokens, self.positions, self.hyp, self.valid, self.visible, begin,
+                    tokens[..., 0], lengths, start_positions,
+                )  # fmt: skip
+                self.size += n
+                return roots
             slots = slice(begin, begin + n)
             self.tokens[:, slots] = tokens[..., 0]
             self.positions[:, slots] = (start_positions + lengths - 1)[:, None]

@@ -29,6 +29,7 @@ from fairseq2.nn import (
     IncrementalStateBag,
     Linear,
     SinusoidalPositionEncoder,
+    StandardEmbedding,
     TiedProjection,
 )
 from torch import Tensor
@@ -69,12 +70,21 @@ def tree_bias(lens: Tensor, k: int, column: Tensor, visible: Tensor, dtype: torc
 
 
 def embed_at(frontend: TransformerEmbeddingFrontend, tokens: Tensor, positions: Tensor) -> Tensor:
-    """fairseq2's embedding front-end with explicit positions, in fp32 (...) -> (..., M)."""
+    """fairseq2's embedding front-end with explicit positions, in fp32 (...) -> (..., M).
+    Compiled for inference where `native` is built and runs (the same ops)."""
+    pos = frontend.pos_encoder
+    assert isinstance(pos, SinusoidalPositionEncoder)
+    ext = native.module_for(tokens)
+    if (
+        ext is not None
+        and type(frontend.embed) is StandardEmbedding
+        and not torch.is_grad_enabled()
+    ):
+        weight = frontend.embed.weight
+        return ext.embed(weight, tokens, positions, pos.freqs, frontend.scale, pos.max_seq_len)
     x = frontend.embed(tokens)
     if frontend.scale != 1.0:
         x = x * frontend.scale
-    pos = frontend.pos_encoder
-    assert isinstance(pos, SinusoidalPositionEncoder)
     return x.float() + pos.freqs[1 + positions.clamp(0, pos.max_seq_len - 1)]
 
 

@@ -31,6 +31,12 @@ def test_the_extension_builds_here() -> None:
     assert native.build() is not None
 
 
+def test_every_source_file_is_built() -> None:
+    """A .cpp left out of `SOURCES` is neither compiled nor part of the build's hash: its
+    functions would be missing from a build that looks current."""
+    assert sorted(native.CSRC.glob("*.cpp")) == sorted(native.SOURCES)
+
+
 def test_its_loops_share_torchs_threads() -> None:
     """ATen's `parallel_for` runs on one thread in code compiled without OpenMP; built with
     it, the extension calls the OpenMP runtime torch loaded (by its soname; wheels such as

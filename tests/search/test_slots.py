@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specbeam.search.slots import SlotTable
 
 
-def test_roots_alone_make_the_table_a_one_link_chain_would() -> None:
-    """The shortcut for chains of one link (every pass after the first) builds what the
-    general chains do: the same slots as a chain of two links whose first is padding."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+@pytest.mark.parametrize("lengths", [[1, 1], [1, 0]])
+def test_roots_alone_make_the_table_a_one_link_chain_would(compiled, lengths, use_runtime) -> None:
+    """The shortcut for chains of one link (every pass after the first; compiled where the
+    extension runs, csrc/inputs.cpp) builds what the general chains do: the same slots as
+    a chain of two links whose first is padding."""
+    use_runtime(native=compiled)
     tokens = torch.tensor([[[4], [5], [6]], [[7], [8], [9]]])
-    lengths, starts = torch.tensor([1, 1]), torch.tensor([3, 9])
+    lengths, starts = torch.tensor(lengths), torch.tensor([3, 9])
     short = SlotTable(2, 3, torch.device("cpu"))
     roots = short.add_chains(tokens, lengths, starts)
     padded = SlotTable(2, 6, torch.device("cpu"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from fairseq2.nn import BatchLayout
@@ -9,7 +11,7 @@ from torch.nn.functional import log_softmax
 
 from specbeam.apps.data import pad
 from specbeam.search.slots import SlotTable
-from specbeam.search.tree_attention import TreeDecoder
+from specbeam.search.tree_attention import TreeDecoder, embed_at, tree_bias
 from tests.conftest import sources
 
 TOL = 1e-5  # fp32: block-vs-step differences measured ≤ 5e-6
@@ -102,3 +104,32 @@ def test_round_one_matches_full_passes(tiny_target) -> None:
         for a, path in enumerate(rows):
             want = full_pass_lprobs(tiny_target, srcs[s], path)
             assert torch.allclose(log_softmax(logits[s, a], -1), want, atol=TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_embedding_is_the_front_ends_ops(tiny_target, dtype, use_runtime) -> None:
+    """csrc/inputs.cpp embeds as embed_at's torch ops do (scale, fp32 positions, clamped
+    at the encoder's length), bit for bit, in the weights' dtype."""
+    frontend = copy.deepcopy(tiny_target.decoder_frontend).to(dtype)
+    assert frontend.scale != 1.0
+    tokens = torch.randint(0, 48, (3, 5), generator=torch.Generator().manual_seed(2))
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 7, 8, 9, 9], [10**6, 0, 3, 2, 1]])
+    with torch.inference_mode():
+        got = embed_at(frontend, tokens, positions)
+        use_runtime(native=False)
+        want = embed_at(frontend, tokens, positions)
+    assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_tree_bias_is_the_masks_ops(dtype, use_runtime) -> None:
+    """The tree mask (compiled: one loop for fp32, ATen's ops otherwise) is the torch
+    path's: prefixes of different lengths, columns inherited at random, random ancestry."""
+    gen = torch.Generator().manual_seed(8)
+    lens, k = torch.tensor([6, 0, 3]), 3
+    column = torch.randint(0, k, (3, 4, 6), generator=gen)
+    visible = torch.rand(3, 4, 7, generator=gen) < 0.5
+    got = tree_bias(lens, k, column, visible, dtype)
+    use_runtime(native=False)
+    want = tree_bias(lens, k, column, visible, dtype)
+    assert got.dtype == want.dtype == dtype and torch.equal(got, want)

@@ -235,6 +235,27 @@ std::vector<Tensor> decode(Tensor x, const std::vector<MaybeTensor>& tensors,
 // `visible` says it sees. Additive, (S, 1, T, width·k + slots).
 Tensor tree_bias(const Tensor& lens, int64_t k, const Tensor& column, const Tensor& visible,
                  c10::ScalarType dtype) {
+  if (dtype == at::kFloat) {  // the same mask as the ops below, by one loop
+    const Tensor len = lens.contiguous(), col = column.contiguous(), sees = visible.contiguous();
+    const int64_t num_sources = col.size(0), slots = col.size(1), width = col.size(2);
+    const int64_t keys = width * k + sees.size(2);
+    Tensor bias = at::empty({num_sources, 1, slots, keys}, visible.options().dtype(dtype));
+    const int64_t *n = len.data_ptr<int64_t>(), *c = col.data_ptr<int64_t>();
+    const bool* v = sees.data_ptr<bool>();
+    float* out = bias.data_ptr<float>();
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    for (int64_t s = 0; s < num_sources; ++s)
+      for (int64_t t = 0; t < slots; ++t) {
+        float* row = out + (s * slots + t) * keys;
+        const int64_t* own = c + (s * slots + t) * width;
+        std::fill(row, row + width * k, kMasked);
+        for (int64_t p = 0; p < std::min(width, n[s]); ++p)
+          if (own[p] >= 0 && own[p] < k) row[p * k + own[p]] = 0.0f;
+        const bool* seen = v + (s * slots + t) * sees.size(2);
+        for (int64_t b = 0; b < sees.size(2); ++b) row[width * k + b] = seen[b] ? 0.0f : kMasked;
+      }
+    return bias;
+  }
   Tensor cached = at::arange(column.size(2), lens.options()).unsqueeze(0) < lens.unsqueeze(1);
   Tensor own = column.unsqueeze(3) == at::arange(k, column.options());
   Tensor prefix = cached.unsqueeze(1).unsqueeze(3) & own;
