@@ -1,8 +1,8 @@
 """The lean decoder's layer loop (`csrc/lean_layers.cpp`), its attention
 (`csrc/attention.cpp`), few-row products (`csrc/few_rows.cpp`), int8 sums on fbgemm
 (`csrc/int8_sums.cpp`), exact acceptance's replay and its candidates (`csrc/accept.cpp`,
-`csrc/top.cpp`), the cache's commit (`csrc/cache.cpp`) and a call's roots and embeddings
-(`csrc/inputs.cpp`) compiled, where a C++ compiler is at hand.
+`csrc/top.cpp`), the cache's commit (`csrc/cache.cpp`), the slot table (`csrc/slots.cpp`)
+and a call's embedded slots (`csrc/embed.cpp`) compiled, where a C++ compiler is at hand.
 
 Each small op of a decoder call (norms, views, residual adds, attention's transposes,
 cache writes: ~30 per layer) costs several times its back-to-back time in Python,
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the cache calls this module
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-NAMES = "module lean_layers attention few_rows int8_sums accept top cache inputs"
+NAMES = "module lean_layers attention few_rows int8_sums accept top cache slots embed"
 SOURCES = [CSRC / f"{name}.cpp" for name in NAMES.split()]
 HEADERS = [CSRC / name for name in ("native.h", "vec.h")]
 

@@ -42,15 +42,12 @@ class SlotTable:
         num_sources, n, c = tokens.shape
         device = tokens.device
         begin = self.size
+        ext = native.module_for(tokens)
+        if ext is not None:  # compiled (csrc/slots.cpp): the same writes
+            roots = ext.add_chains(self.tensors(), begin, tokens, lengths, start_positions)
+            self.size += n * c
+            return roots
         if c == 1:  # the roots alone (every pass after the first): each sees itself
-            ext = native.module_for(tokens)
-            if ext is not None:  # compiled: the same writes
-                roots = ext.add_roots(
-                    self.tokens, self.positions, self.hyp, self.valid, self.visible, begin,
-                    tokens[..., 0], lengths, start_positions,
-                )  # fmt: skip
-                self.size += n
-                return roots
             slots = slice(begin, begin + n)
             self.tokens[:, slots] = tokens[..., 0]
             self.positions[:, slots] = (start_positions + lengths - 1)[:, None]
@@ -79,6 +76,11 @@ class SlotTable:
     def add_nodes(self, tokens: Tensor, parents: Tensor, valid: Tensor) -> Tensor:
         """Adds one block of children; parents are slot indices. Returns their slots."""
         num_sources, w = tokens.shape
+        ext = native.module_for(tokens)
+        if ext is not None:  # compiled (csrc/slots.cpp): the same writes
+            slots = ext.add_nodes(self.tensors(), self.size, tokens, parents, valid)
+            self.size += w
+            return slots
         begin, rows = self.size, torch.arange(num_sources, device=tokens.device)[:, None]
         slots = torch.arange(begin, begin + w, device=tokens.device)
         self.tokens[:, slots] = tokens
@@ -89,6 +91,10 @@ class SlotTable:
         self.visible[:, slots, slots] = True
         self.size += w
         return slots.expand(num_sources, w)
+
+    def tensors(self) -> list[Tensor]:
+        """The tables the compiled writes fill in place, in their order."""
+        return [self.tokens, self.positions, self.hyp, self.valid, self.visible]
 
     def query(self, begin: int, end: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Tokens, positions, hypotheses and visibility (over slots < end) of slots [begin, end)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specbeam.search import native
 from specbeam.search.slots import SlotTable
 
 
@@ -53,7 +54,13 @@ class DraftTree:
     def add_to(self, table: SlotTable, root_slots: Tensor) -> Tensor:
         """Adds the nodes to a slot table below the given root slots (S, n) and returns
         their slots (S, D, w). Columns no source uses are left out of the table: those
-        nodes get slot 0 and are never looked up (they are invalid)."""
+        nodes get slot 0 and are never looked up (they are invalid). Compiled where
+        `native` is built and runs (csrc/slots.cpp, the same writes)."""
+        ext = native.module_for(root_slots)
+        if ext is not None:
+            args = (self.tokens, self.parents, self.valid)
+            node_slots, table.size = ext.add_tree(table.tensors(), table.size, root_slots, *args)
+            return node_slots
         node_slots = root_slots.new_zeros(self.tokens.shape)
         parent_slots = root_slots
         for d in range(self.depth):

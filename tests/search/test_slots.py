@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specbeam.search.slots import SlotTable
+from specbeam.search.tree import DraftTree
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
@@ -26,3 +27,37 @@ def test_roots_alone_make_the_table_a_one_link_chain_would(compiled, lengths, us
     for name in ["tokens", "positions", "hyp", "valid"]:
         assert torch.equal(getattr(short, name), getattr(padded, name)[:, at]), name
     assert torch.equal(short.visible, padded.visible[:, at][:, :, at])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_writes_are_the_torch_writes(seed: int, use_runtime) -> None:
+    """Chains of several links (some padding), a draft tree (columns no source uses, a
+    level nobody drafts), then a block of nodes: the compiled table (csrc/slots.cpp) is
+    the torch one, slot for slot."""
+    gen = torch.Generator().manual_seed(seed)
+    num_sources, n, c, depth, w = 3, 2, 3, 3, 4
+    chains = torch.randint(4, 40, (num_sources, n, c), generator=gen)
+    lengths = torch.randint(1, c + 1, (num_sources,), generator=gen)
+    starts = torch.randint(0, 9, (num_sources,), generator=gen)
+    valid = torch.rand(num_sources, depth, w, generator=gen) < 0.6
+    valid[:, :, -1] = False  # a column no source uses
+    valid[:, 2] = seed % 2 == 0  # every third level empty for odd seeds
+    tree = DraftTree(
+        torch.randint(4, 40, (num_sources, depth, w), generator=gen),
+        torch.randint(0, w, (num_sources, depth, w), generator=gen),
+        valid,
+        torch.zeros(num_sources, depth, w),
+    )
+    block = torch.randint(4, 40, (num_sources, 2), generator=gen)
+    results = []
+    for compiled in (True, False):
+        use_runtime(native=compiled)
+        table = SlotTable(num_sources, n * c + depth * w + 2, torch.device("cpu"))
+        roots = table.add_chains(chains, lengths, starts)
+        node_slots = tree.add_to(table, roots)
+        nodes = table.add_nodes(
+            block, node_slots[:, 0, :2], torch.tensor([True, False]).expand(3, 2)
+        )
+        results.append([roots, node_slots, nodes, torch.tensor(table.size), *table.tensors()])
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)

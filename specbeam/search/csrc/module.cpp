@@ -1,7 +1,8 @@
 // The extension's Python bindings: the lean decoder's layers (lean_layers.cpp), the
 // lean layers' attention (attention.cpp), fp32 products over a few rows (few_rows.cpp), int8
 // sums on fbgemm (int8_sums.cpp), acceptance's replay (accept.cpp) and its candidates
-// (top.cpp), the cache's commit (cache.cpp), and a call's roots and embeddings (inputs.cpp).
+// (top.cpp), the cache's commit (cache.cpp), the slot table (slots.cpp) and a call's embedded
+// slots (embed.cpp).
 #include "native.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -15,7 +16,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_bias", &tree_bias, "the additive self-attention mask of a tree call");
   m.def("accept", &accept, "acceptance (exact or relaxed) over a verified draft tree");
   m.def("top_candidates", &top_candidates, "a beam step's best candidates where unambiguous");
-  m.def("add_roots", &add_roots, "the slot table's roots, one slot each");
+  m.def("add_chains", &add_chains, "the slot table's pending chains");
+  m.def("add_nodes", &add_nodes, "a block of nodes in the slot table");
+  m.def("add_tree", &add_tree, "a draft tree's nodes in the slot table");
   m.def("embed", &embed, "token embeddings scaled, plus sinusoidal positions");
   m.def("commit", &commit, "the speculative cache's commit of the kept slots");
   m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;

@@ -1,6 +1,6 @@
 // The extension's functions, declared once: defined in lean_layers.cpp, attention.cpp,
-// few_rows.cpp, int8_sums.cpp, accept.cpp, top.cpp, cache.cpp and inputs.cpp, bound in
-// module.cpp.
+// few_rows.cpp, int8_sums.cpp, accept.cpp, top.cpp, cache.cpp, slots.cpp and embed.cpp,
+// bound in module.cpp.
 #pragma once
 
 #include <torch/extension.h>
@@ -42,8 +42,12 @@ std::vector<Tensor> commit(const Tensor& buf, const Tensor& columns, const Tenso
 bool top_distinct(const float* base, const float* lprobs, int64_t rows, int64_t vocab, int64_t m,
                   float* values, int64_t* indices);
 std::vector<Tensor> top_candidates(const Tensor& base, const Tensor& lprobs, int64_t m);
-Tensor add_roots(const Tensor& tokens, const Tensor& positions, const Tensor& hyp,
-                 const Tensor& valid, const Tensor& visible, int64_t begin, const Tensor& roots,
-                 const Tensor& lengths, const Tensor& starts);
+Tensor add_chains(const std::vector<Tensor>& table, int64_t begin, const Tensor& chains,
+                  const Tensor& lengths, const Tensor& starts);
+Tensor add_nodes(const std::vector<Tensor>& table, int64_t begin, const Tensor& tokens,
+                 const Tensor& parents, const Tensor& valid);
+std::tuple<Tensor, int64_t> add_tree(const std::vector<Tensor>& table, int64_t begin,
+                                     const Tensor& root_slots, const Tensor& tokens,
+                                     const Tensor& parents, const Tensor& valid);
 Tensor embed(const Tensor& weight, const Tensor& tokens, const Tensor& positions,
              const Tensor& freqs, double scale, int64_t max_seq_len);
