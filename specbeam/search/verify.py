@@ -8,6 +8,7 @@ from typing import final
 import torch
 from torch import Tensor
 
+from specbeam.search import native
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder
@@ -43,6 +44,9 @@ class Verification:
         pending chain, then tree nodes down to `node`) in order, right-aligned, -1 before."""
         table = self.table
         slot = self.slot_of(origin, node)
+        ext = native.module_for(slot)
+        if ext is not None:  # compiled (csrc/slots.cpp): the same slots
+            return ext.path_slots(table.visible, table.size, slot)
         rows = torch.arange(slot.size(0), device=slot.device)[:, None]
         visible = table.visible[rows, slot, : table.size]
         slots = torch.arange(table.size, device=slot.device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specbeam.search.slots import SlotTable
@@ -34,7 +35,12 @@ def test_slots_of_roots_and_nodes() -> None:
     assert v.slot_of(origin, node).tolist() == [[3, 6], [7, 3]]
 
 
-def test_accepted_paths_run_from_the_chain_through_the_tree_right_aligned() -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+def test_accepted_paths_run_from_the_chain_through_the_tree_right_aligned(
+    compiled, use_runtime
+) -> None:
+    """The same paths compiled (csrc/slots.cpp) and from torch ops."""
+    use_runtime(native=compiled)
     v = verification()
     # Source 0: node 2 (depth 1, b 0) has parent node 1 (depth 0, b 1), whose parent is
     # hypothesis 1 (chain slots 2, 3). Source 1: node 3 (depth 1, b 1) -> node 1 -> hyp 1,

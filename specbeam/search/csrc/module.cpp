@@ -19,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_chains", &add_chains, "the slot table's pending chains");
   m.def("add_nodes", &add_nodes, "a block of nodes in the slot table");
   m.def("add_tree", &add_tree, "a draft tree's nodes in the slot table");
+  m.def("path_slots", &path_slots, "the slots on each hypothesis' verified path");
   m.def("embed", &embed, "token embeddings scaled, plus sinusoidal positions");
   m.def("commit", &commit, "the speculative cache's commit of the kept slots");
   m.attr("TENSORS_PER_LAYER") = kTensorsPerLayer;

@@ -51,3 +51,4 @@ std::tuple<Tensor, int64_t> add_tree(const std::vector<Tensor>& table, int64_t b
                                      const Tensor& parents, const Tensor& valid);
 Tensor embed(const Tensor& weight, const Tensor& tokens, const Tensor& positions,
              const Tensor& freqs, double scale, int64_t max_seq_len);
+Tensor path_slots(const Tensor& visible, int64_t size, const Tensor& slot);

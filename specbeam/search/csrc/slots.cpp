@@ -1,7 +1,7 @@
-// The slot table (specbeam/search/slots.py) and a draft tree's place in it
-// (specbeam/search/tree.py, DraftTree.add_to) in C++: the same writes, as loops over a few
-// dozen slots instead of ~20 torch ops per chain block or tree level, each of which costs
-// several microseconds between two decoder calls.
+// The slot table (specbeam/search/slots.py), a draft tree's place in it (tree.py,
+// DraftTree.add_to) and the verified paths read from it (verify.py) in C++: the same writes
+// and reads, as loops over a few dozen slots instead of ~10-20 torch ops per chain block,
+// tree level or path, each of which costs several microseconds between two decoder calls.
 #include "native.h"
 
 #include <algorithm>
@@ -130,4 +130,31 @@ std::tuple<Tensor, int64_t> add_tree(const std::vector<Tensor>& table, int64_t b
     size += used;
   }
   return {node_slots, size};
+}
+
+Tensor path_slots(const Tensor& visible_in, int64_t size, const Tensor& slot_in) {
+  // Each (s, i)'s slots visible from slot[s, i] (S, k) among the first `size`, ascending
+  // and right-aligned in (S, k, L), L the longest such path, -1 before: Verification.path_slots.
+  const Tensor visible = visible_in.contiguous(), slot = slot_in.contiguous();
+  const int64_t num_sources = slot.size(0), k = slot.size(1), slots = visible.size(1);
+  TORCH_CHECK(size <= visible.size(2), "path_slots: size beyond the table");
+  const bool* v = visible.data_ptr<bool>();
+  const int64_t* at = slot.data_ptr<int64_t>();
+  int64_t longest = 0;
+  std::vector<int64_t> count(num_sources * k, 0);
+  for (int64_t j = 0; j < num_sources * k; ++j) {
+    TORCH_CHECK(at[j] >= 0 && at[j] < slots, "path_slots: slot ", at[j], " outside the table");
+    const bool* row = v + ((j / k) * slots + at[j]) * visible.size(2);
+    count[j] = std::count(row, row + size, true);
+    longest = std::max(longest, count[j]);
+  }
+  Tensor out = at::full({num_sources, k, longest}, -1, slot.options());
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t j = 0; j < num_sources * k; ++j) {
+    const bool* row = v + ((j / k) * slots + at[j]) * visible.size(2);
+    int64_t* to = o + j * longest + (longest - count[j]);
+    for (int64_t b = 0; b < size; ++b)
+      if (row[b]) *to++ = b;
+  }
+  return out;
 }
