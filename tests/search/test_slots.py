@@ -13,7 +13,7 @@ from specbeam.search.tree import DraftTree
 @pytest.mark.parametrize("lengths", [[1, 1], [1, 0]])
 def test_roots_alone_make_the_table_a_one_link_chain_would(compiled, lengths, use_runtime) -> None:
     """The shortcut for chains of one link (every pass after the first; compiled where the
-    extension runs, csrc/inputs.cpp) builds what the general chains do: the same slots as
+    extension runs, csrc/slots.cpp) builds what the general chains do: the same slots as
     a chain of two links whose first is padding."""
     use_runtime(native=compiled)
     tokens = torch.tensor([[[4], [5], [6]], [[7], [8], [9]]])

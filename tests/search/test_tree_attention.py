@@ -108,7 +108,7 @@ def test_round_one_matches_full_passes(tiny_target) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_embedding_is_the_front_ends_ops(tiny_target, dtype, use_runtime) -> None:
-    """csrc/inputs.cpp embeds as embed_at's torch ops do (scale, fp32 positions, clamped
+    """csrc/embed.cpp embeds as embed_at's torch ops do (scale, fp32 positions, clamped
     at the encoder's length), bit for bit, in the weights' dtype."""
     frontend = copy.deepcopy(tiny_target.decoder_frontend).to(dtype)
     assert frontend.scale != 1.0
