@@ -169,6 +169,7 @@ class SpeculativeKVCache:
         Compiled where `native` is built and runs (csrc/cache.cpp, the same moves).
         """
         if len(self.lens) == 0:
+            self.spec_len = 0
             return
         one = keep.dim() == 2
         # Slots were reserved for all k hypotheses together; each one's prefix and kept

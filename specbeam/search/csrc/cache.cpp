@@ -46,7 +46,7 @@ std::vector<Tensor> commit(const Tensor& buf, const Tensor& columns_in, const Te
                   origin.size(1) == k && keep.size(0) == num_sources && keep.size(1) == k,
               "commit: origin and keep must be (S, k) for the cache's S sources");
   const std::vector<std::vector<int64_t>> kept = kept_slots(keep, num_sources, k);
-  const int64_t* len = lens.data_ptr<int64_t>();
+  const int64_t *len = lens.data_ptr<int64_t>(), *orig = origin.data_ptr<int64_t>();
   Tensor new_lens = at::empty_like(lens);
   int64_t* new_len = new_lens.data_ptr<int64_t>();
   for (int64_t s = 0; s < num_sources; ++s) {
@@ -55,7 +55,7 @@ std::vector<Tensor> commit(const Tensor& buf, const Tensor& columns_in, const Te
       TORCH_CHECK(kept[s * k + i].size() == n,
                   "commit: every hypothesis of a source keeps the same number of slots");
     for (int64_t i = 0; i < k; ++i) {
-      const int64_t o = origin.data_ptr<int64_t>()[s * k + i];
+      const int64_t o = orig[s * k + i];
       TORCH_CHECK(o >= 0 && o < k, "commit: origin ", o, " is not a hypothesis");
       for (const int64_t slot : kept[s * k + i])
         TORCH_CHECK(slot >= 0 && width * k + slot < capacity * k, "commit: slot ", slot,
@@ -94,7 +94,7 @@ std::vector<Tensor> commit(const Tensor& buf, const Tensor& columns_in, const Te
   // Hypothesis i takes its origin's column map, and its own column from the prefix's end.
   const int64_t width_c = columns.size(2);
   Tensor new_columns = at::empty_like(columns);
-  const int64_t *col = columns.data_ptr<int64_t>(), *orig = origin.data_ptr<int64_t>();
+  const int64_t* col = columns.data_ptr<int64_t>();
   int64_t* out = new_columns.data_ptr<int64_t>();
   for (int64_t s = 0; s < num_sources; ++s)
     for (int64_t i = 0; i < k; ++i) {

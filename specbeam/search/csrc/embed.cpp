@@ -7,10 +7,10 @@
 
 Tensor embed(const Tensor& weight, const Tensor& tokens, const Tensor& positions,
              const Tensor& freqs, double scale, int64_t max_seq_len) {
-  // fairseq2's embedding, scaled, plus sinusoidal positions (freqs row 1 + position), in
-  // fp32: embed_at's ops in its order, so the same roundings.
+  // fairseq2's embedding, scaled, plus sinusoidal positions (freqs row 1 + position). fp32
+  // weights: one loop doing embed_at's ops in its order, so the same roundings.
   if (weight.scalar_type() == at::kFloat && freqs.scalar_type() == at::kFloat &&
-      weight.is_contiguous() && freqs.is_contiguous()) {  // the same roundings, by one loop
+      weight.is_contiguous() && freqs.is_contiguous()) {
     const Tensor tok = tokens.contiguous(), pos = positions.contiguous();
     const int64_t dim = weight.size(1), n = tok.numel(), rows = weight.size(0);
     std::vector<int64_t> sizes = tok.sizes().vec();

@@ -142,19 +142,19 @@ Tensor path_slots(const Tensor& visible_in, int64_t size, const Tensor& slot_in)
   const int64_t* at = slot.data_ptr<int64_t>();
   int64_t longest = 0;
   std::vector<int64_t> count(num_sources * k, 0);
+  std::vector<const bool*> rows(num_sources * k);
   for (int64_t j = 0; j < num_sources * k; ++j) {
     TORCH_CHECK(at[j] >= 0 && at[j] < slots, "path_slots: slot ", at[j], " outside the table");
-    const bool* row = v + ((j / k) * slots + at[j]) * visible.size(2);
-    count[j] = std::count(row, row + size, true);
+    rows[j] = v + ((j / k) * slots + at[j]) * visible.size(2);
+    count[j] = std::count(rows[j], rows[j] + size, true);
     longest = std::max(longest, count[j]);
   }
   Tensor out = at::full({num_sources, k, longest}, -1, slot.options());
   int64_t* o = out.data_ptr<int64_t>();
   for (int64_t j = 0; j < num_sources * k; ++j) {
-    const bool* row = v + ((j / k) * slots + at[j]) * visible.size(2);
     int64_t* to = o + j * longest + (longest - count[j]);
     for (int64_t b = 0; b < size; ++b)
-      if (row[b]) *to++ = b;
+      if (rows[j][b]) *to++ = b;
   }
   return out;
 }
