@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from specbeam.apps.app import shard_path, shard_range
-from specbeam.apps.textio import file_sha256, finished_record, read_lines
+from specbeam.apps.textio import finished_record, input_digest, read_input, split_lines
 from specbeam.plural import counted
 
 SHARD = re.compile(r"\.shard-(\d+)-of-(\d+)$")
@@ -52,8 +52,8 @@ def find_shards(output: Path) -> list[Path]:
 
 
 def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
-    total = len(read_lines(input_path, errors="replace"))
-    digest = file_sha256(input_path)
+    data = read_input(input_path)
+    total, digest = len(split_lines(data, input_path, errors="replace")), input_digest(data)
     n = len(shard_paths)
     parts = []
     first: tuple[Path, dict] | None = None  # the first shard with a record, and its settings

@@ -28,15 +28,25 @@ class UnreadableInput(ValueError):
         self.lines, self.count = lines, count
 
 
-def read_lines(path: str, errors: str = "strict") -> list[str]:
-    """A file's lines, separated by '\\n' only (a stray '\\r' or U+2028 does not split a
-    line), so the output has exactly one line per input line; a leading byte order mark
-    is not text. Invalid UTF-8 names its line (`UnreadableInput`)."""
-    _check_errors(errors)
+def read_input(path: str) -> bytes:
+    """An input file's bytes, read once: its lines and its digest (`input_digest`) must
+    describe the same content."""
     try:
-        data = Path(path).read_bytes()
+        return Path(path).read_bytes()
     except OSError as error:
         raise ValueError(f"cannot read input {path}: {error.strerror}") from None
+
+
+def read_lines(path: str, errors: str = "strict") -> list[str]:
+    """A file's lines (`split_lines`)."""
+    return split_lines(read_input(path), path, errors)
+
+
+def split_lines(data: bytes, path: str, errors: str = "strict") -> list[str]:
+    """The lines of file `path`'s bytes, separated by '\\n' only (a stray '\\r' or U+2028
+    does not split a line), so the output has exactly one line per input line; a leading
+    byte order mark is not text. Invalid UTF-8 names its line (`UnreadableInput`)."""
+    _check_errors(errors)
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
@@ -337,19 +347,16 @@ def _read_ahead(path: Path, done: int) -> dict[int, tuple[str, dict]]:
     return ahead
 
 
-def file_sha256(path: str) -> str:
-    """The digest of a file's bytes: an input edited (or replaced) since is another input."""
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as error:
-        raise ValueError(f"cannot read input {path}: {error.strerror}") from None
+def input_digest(data: bytes) -> str:
+    """The digest of an input's bytes: an input edited (or replaced) since is another input."""
+    return hashlib.sha256(data).hexdigest()
 
 
-def job_fingerprint(input_path: str, settings: dict[str, object]) -> dict:
+def job_fingerprint(input_path: str, digest: str, settings: dict[str, object]) -> dict:
     """What must match for a rerun to continue a partial output, and for shards to join
-    into one output: the input's bytes and the settings, each under its own name (a
-    config's fields as `decoding.beam_size`) so that a difference can be named."""
-    digest = "stdin" if input_path == "-" else file_sha256(input_path)
+    into one output: the input's bytes (`digest`; "stdin" for -) and the settings, each
+    under its own name (a config's fields as `decoding.beam_size`) so that a difference
+    can be named."""
     named: dict[str, object] = {}
     for name, value in settings.items():
         if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -46,8 +46,10 @@ from specbeam.apps.split import Split, Splitter, flatten, join
 from specbeam.apps.textio import (
     ResumableOutput,
     UnreadableInput,
+    input_digest,
     job_fingerprint,
-    read_lines,
+    read_input,
+    split_lines,
     stream_lines,
     uninterrupted,
 )
@@ -179,9 +181,12 @@ def translate(cfg: TranslateConfig) -> None:
     first = 0  # lines before this shard's
     total: int | None = None
     unreadable: UnreadableInput | None = None  # a line that is not UTF-8
+    digest = "stdin"
     if cfg.input != "-":
+        data = read_input(cfg.input)
+        digest = input_digest(data)
         try:
-            every_line = read_lines(cfg.input, cfg.input_errors)
+            every_line = split_lines(data, cfg.input, cfg.input_errors)
             count = len(every_line)
         except UnreadableInput as error:  # the lines before it are translated, then it ends
             every_line, count, unreadable = error.lines, error.count, error
@@ -192,7 +197,7 @@ def translate(cfg: TranslateConfig) -> None:
     tokenizer, generator = cfg.build()
     splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
     output = shard_path(cfg.output, cfg.shard)
-    job = job_fingerprint(cfg.input, output_settings(cfg))
+    job = job_fingerprint(cfg.input, digest, output_settings(cfg))
     sharded = parse_shard(cfg.shard)[1] > 1  # a finished shard records its run for the merge
     out = ResumableOutput(output, job, record=sharded)
     stats = (
@@ -217,7 +222,7 @@ def translate(cfg: TranslateConfig) -> None:
         total=total, initial=out.done + len(out.ahead), unit="line", file=sys.stderr,
         disable=output == "-",
     )  # fmt: skip
-    split_lines: list[dict] = []
+    split_records: list[dict] = []
     translated: list[str] = []  # for compare=
     writer = InOrderWriter(out, stats)
 
@@ -232,7 +237,7 @@ def translate(cfg: TranslateConfig) -> None:
                 cfg, tokenizer, generator, splitter, chunk, 0, first + before, written=written,
                 finished=writer.start(before, len(chunk)), on_line=finished,
             )  # fmt: skip
-            split_lines += [r for r in writer.flush() if "pieces" in r]
+            split_records += [r for r in writer.flush() if "pieces" in r]
             if cfg.compare:
                 translated += chunk[written:]
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`startup.Terminated`)
@@ -257,8 +262,8 @@ def translate(cfg: TranslateConfig) -> None:
     out.finish()
     if stats is not None:
         stats.finish()
-    if split_lines:
-        warn_split(split_lines, cfg.split_above_tokens)
+    if split_records:
+        warn_split(split_records, cfg.split_above_tokens)
     if cfg.compare:
         pieces = [p for t in translated if t.strip() for p in splitter(t).pieces]
         print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)

@@ -15,7 +15,7 @@ import pytest
 
 from specbeam.apps.decoding import DecodingConfig
 from specbeam.apps.merge_shards import main as merge_shards
-from specbeam.apps.textio import ResumableOutput, job_fingerprint
+from specbeam.apps.textio import ResumableOutput, input_digest, job_fingerprint
 from specbeam.apps.translate import TranslateConfig, output_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,11 @@ def finish_shard(source: Path, i: int, text: str, **settings: Any) -> Path:
     output = str(source.with_name("out.en"))
     cfg = TranslateConfig(input=str(source), output=output, shard=f"{i}/3", **settings)
     path = source.with_name(f"out.en.shard-{i}-of-3")
-    out = ResumableOutput(str(path), job_fingerprint(cfg.input, output_settings(cfg)), record=True)
+    out = ResumableOutput(
+        str(path),
+        job_fingerprint(cfg.input, input_digest(source.read_bytes()), output_settings(cfg)),
+        record=True,
+    )
     out.write(text.splitlines())
     out.finish()
     return path
