@@ -105,7 +105,12 @@ def shard_path(path: str, shard: str) -> str:
 
 def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
     """Runs an app on its structured config; a bad setting or a missing file ends the
-    process with one line naming the problem, not a traceback, and so does Ctrl-C."""
+    process with one line naming the problem, not a traceback, and so does Ctrl-C.
+    Paths given on the command line are relative to the directory the command ran in,
+    also where `hydra.job.chdir=true` moved the job into its run directory (which still
+    gets Hydra's own files: config, log)."""
+    if HydraConfig.initialized():
+        os.chdir(HydraConfig.get().runtime.cwd)
     try:
         check_known(cfg)
         config = OmegaConf.to_object(cfg)
@@ -221,13 +226,32 @@ def value_problem(node: object, value: str) -> str | None:
 
 def check_launcher(argv: Sequence[str]) -> None:
     """A multirun on the SLURM launcher where SLURM is not: one line, not submitit's
-    traceback after the config is composed."""
+    traceback after the config is composed. A sweep over the thread count there: submitit
+    asks the same CPUs for every job of a sweep, those of the config before the sweep's
+    values (`conf/hydra/launcher/slurm.yaml`), so a job with more threads would share them."""
     multirun = {"-m", "--multirun"} & set(argv) and not {"--cfg", "-c"} & set(argv)
-    if multirun and "hydra/launcher=slurm" in argv and shutil.which("sbatch") is None:
+    if not multirun or "hydra/launcher=slurm" not in argv:
+        return
+    if shutil.which("sbatch") is None:
         raise SystemExit(
             "error: hydra/launcher=slurm submits jobs with SLURM's sbatch, which is not on "
             "PATH here (hydra/launcher=joblib runs the sweep on this machine)"
         )
+    if any(a.startswith("hydra.launcher.cpus_per_task=") for a in argv):
+        return
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") in ("hardware.threads", "threads") and _swept(value):
+            raise SystemExit(
+                f"error: {arg} sweeps the thread count on SLURM, but submitit gives every job "
+                "of a sweep the same CPUs (those of the unswept config): submit one sweep per "
+                "thread count, or give every job the most with hydra.launcher.cpus_per_task=N"
+            )
+
+
+def _swept(value: str) -> bool:
+    """Whether an override's value is a sweep (Hydra's a,b or range/choice/glob)."""
+    return "," in value or value.startswith(("range(", "choice(", "glob("))
 
 
 def check_group_choices(argv: Sequence[str], conf_dir: Path = SHIPPED / "conf") -> None:

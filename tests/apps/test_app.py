@@ -225,6 +225,23 @@ def run_entry(
     )  # fmt: skip
 
 
+def test_paths_are_relative_to_where_the_command_ran_with_job_chdir(tmp_path: Path) -> None:
+    """hydra.job.chdir=true runs the job in its run directory; input=in.es still means the
+    file beside the user, and output=out.en is written there (not in the run directory)."""
+    (tmp_path / "in.es").write_text("Hola\n")
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
+        "input=in.es", "output=out.en", "hydra.job.chdir=true", f"hydra.run.dir={run_dir}",
+        "hydra.output_subdir=.hydra",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert len((tmp_path / "out.en").read_text().splitlines()) == 1
+    assert not (run_dir / "out.en").exists()
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+
+
 @pytest.mark.parametrize(
     ("app", "override", "expected"),
     [
@@ -416,3 +433,23 @@ def test_a_slurm_multirun_without_slurm_is_one_line(monkeypatch) -> None:
     )
     check_launcher(["-m", "hydra/launcher=slurm", "--cfg", "hydra"])
     check_launcher(["hydra/launcher=slurm"])
+
+
+def test_slurm_sweep_over_threads_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """submitit's executor takes cpus_per_task once per sweep, resolved from the config
+    without the sweep's values: threads 4,8 would run both jobs on the default's CPUs."""
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text("#!/bin/sh\n")
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for swept in ("hardware.threads=4,8", "threads=range(2,9,2)", "hardware.threads=choice(4,8)"):
+        with pytest.raises(SystemExit) as exit_info:
+            check_launcher(["-m", "hydra/launcher=slurm", swept])
+        assert str(exit_info.value.code).startswith(f"error: {swept} sweeps the thread count")
+    check_launcher(["-m", "hydra/launcher=slurm", "hardware.threads=8", "shard=0/2,1/2"])
+    check_launcher(
+        ["-m", "hydra/launcher=slurm", "hardware.threads=4,8", "hydra.launcher.cpus_per_task=8"]
+    )
+    check_launcher(["-m", "hydra/launcher=joblib", "hardware.threads=1,2"])
