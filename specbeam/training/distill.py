@@ -24,6 +24,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
+from specbeam import startup
 from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
 from specbeam.apps.data import Pair
 from specbeam.apps.inference import translate_texts
@@ -129,19 +130,31 @@ def translate_chunks(cfg: DistillConfig, out: Path, chunks: list) -> None:
         return
     tokenizer, generator = cfg.build()
     (out / "chunks").mkdir(parents=True, exist_ok=True)
-    for c in tqdm(todo, desc=f"distill shard {cfg.shard}", unit="chunk"):
-        chunk = chunks[c]
-        hyps = translate_texts(
-            generator, tokenizer, [p.source for p in chunk], cfg.task.src_lang, cfg.task.tgt_lang,
-            max_tokens=cfg.hardware.batch_tokens,
-        )  # fmt: skip
-        path = chunk_path(out, c)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            "".join(f"{p.ref}\t{p.source}\t{h}\n" for p, h in zip(chunk, hyps, strict=True)),
-            encoding="utf-8",
+    bar = tqdm(todo, desc=f"distill shard {cfg.shard}", unit="chunk")
+    done = 0
+    try:
+        for c in bar:
+            chunk = chunks[c]
+            hyps = translate_texts(
+                generator, tokenizer, [p.source for p in chunk], cfg.task.src_lang,
+                cfg.task.tgt_lang, max_tokens=cfg.hardware.batch_tokens,
+            )  # fmt: skip
+            path = chunk_path(out, c)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(
+                "".join(f"{p.ref}\t{p.source}\t{h}\n" for p, h in zip(chunk, hyps, strict=True)),
+                encoding="utf-8",
+            )
+            os.replace(tmp, path)  # a chunk file is complete or absent
+            done += 1
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`startup.Terminated`)
+        bar.close()  # before the message: the bar's last line would follow it
+        print(
+            f"{startup.stopped(stop)}: {done} of this run's {counted(len(todo), 'chunk')} "
+            f"(shard {cfg.shard}) are in {out / 'chunks'}; run the same command again to continue",
+            file=sys.stderr,
         )
-        os.replace(tmp, path)  # a chunk file is complete or absent
+        raise SystemExit(startup.exit_code(stop)) from None
 
 
 @hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="distill")

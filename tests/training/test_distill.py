@@ -7,9 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from specbeam import startup
 from specbeam.apps.data import read_tsv
 from specbeam.apps.task import TaskConfig
+from specbeam.paths import SHIPPED
 from specbeam.training.distill import DistillConfig, distill
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,3 +106,39 @@ def test_an_empty_split_or_a_chunk_size_below_one_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match=rf"^split 'train' in task.data_dir={tmp_path} holds no pairs$"):  # fmt: skip
         distill(DistillConfig(task=task, out_dir=out))
     assert not (tmp_path / "out").exists()
+
+
+def test_sigterm_says_how_many_chunks_are_kept(tmp_path, monkeypatch, capsys) -> None:
+    """A scheduler's SIGTERM mid-run: one line with the chunks written, exit code 143; the
+    finished chunk stays, and the rerun translates only the rest."""
+    (tmp_path / "data").mkdir()
+    rows = [f"Ref {i}\tY dijo {i} veces.\tAnd he said it {i} times." for i in range(5)]
+    (tmp_path / "data" / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
+        composed = compose("distill", overrides=[
+            "model=tiny_random", "hardware.threads=1", f"task.data_dir={tmp_path}/data",
+            f"out_dir={tmp_path}/out", "chunk_size=2", "decoding.max_gen_len=[0.5,3]",
+        ])  # fmt: skip
+    calls = []
+    stop_at = [2]  # the call that a SIGTERM interrupts; none in the rerun
+
+    def translate_then_stop(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(args[2])
+        if len(calls) in stop_at:
+            raise startup.Terminated
+        return ["x" for _ in args[2]]
+
+    monkeypatch.setattr("specbeam.training.distill.translate_texts", translate_then_stop)
+    with pytest.raises(SystemExit) as exit_info:
+        distill(OmegaConf.to_object(composed))
+    assert exit_info.value.code == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"terminated: 1 of this run's 3 chunks (shard 0/1) are in {tmp_path}/out/chunks; "
+        "run the same command again to continue"
+    )
+    assert sorted(p.name for p in (tmp_path / "out" / "chunks").glob("*.tsv")) == ["00000.tsv"]
+    calls.clear()
+    stop_at.clear()
+    distill(OmegaConf.to_object(composed))  # a rerun: a new process's config
+    assert calls == [[f"Y dijo {i} veces." for i in (2, 3)], ["Y dijo 4 veces."]]
+    assert len(read_tsv(tmp_path / "out" / "train.tsv")) == 5
