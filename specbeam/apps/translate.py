@@ -272,9 +272,12 @@ def translate(cfg: TranslateConfig) -> None:
 def output_settings(cfg: TranslateConfig) -> dict[str, object]:
     """The settings an output depends on, after `build` tuned the decoding to this machine:
     a partial output is resumed only with the same, and shards join only with the same
-    (`merge_shards`). The target's precision is the one it runs in (auto resolved)."""
+    (`merge_shards`). The target's precision is the one it runs in (auto resolved). Of the
+    task, only the languages: its data_dir (an absolute path, another on each install) is
+    not read here."""
     return {
-        "task": cfg.task, "model": cfg.model, "decoding": cfg.decoding,
+        "task.src_lang": cfg.task.src_lang, "task.tgt_lang": cfg.task.tgt_lang,
+        "model": cfg.model, "decoding": cfg.decoding,
         "hardware.target_dtype": cfg.hardware.target_precision,
         "split_above_tokens": cfg.split_above_tokens, "shard": cfg.shard,
         "output_format": cfg.output_format, "nbest": cfg.nbest,

@@ -25,10 +25,16 @@ from hydra.core.config_store import ConfigStore
 from tqdm import tqdm
 
 from specbeam import startup
-from specbeam.apps.app import PipelineConfig, before_hydra, parse_shard, run_app
+from specbeam.apps.app import (
+    PipelineConfig,
+    before_hydra,
+    command_line_settings,
+    parse_shard,
+    run_app,
+)
 from specbeam.apps.data import Pair
 from specbeam.apps.inference import translate_texts
-from specbeam.paths import SHIPPED, user_path
+from specbeam.paths import SHIPPED
 from specbeam.plural import counted
 
 log = logging.getLogger("specbeam.distill")
@@ -86,16 +92,18 @@ def distill(cfg: DistillConfig) -> None:
 
 
 def origin(cfg: DistillConfig, pairs: list[Pair]) -> dict[str, object]:
-    """What a chunk's lines depend on: the target and its precision, the decoding, the
-    task's side, the split's content (a file edited between shards moves every later
-    chunk's pairs) and the chunking."""
+    """What a chunk's lines depend on: the target and the precision it runs in (auto
+    resolved), the decoding as this machine's calibration tunes it, the task's side, the
+    split's content (a file edited between shards moves every later chunk's pairs; its
+    directory is another path on each install) and the chunking."""
     task = cfg.task
     text = "".join(f"{p.ref}\t{p.source}\n" for p in pairs)
+    decoding = cfg.hardware.tune(cfg.decoding, command_line_settings("decoding"))  # as run
     found = {
         "target": cfg.model.target, "tokenizer": cfg.model.tokenizer_card(),
-        "target_dtype": cfg.hardware.target_dtype,
-        **{f"decoding.{k}": v for k, v in dataclasses.asdict(cfg.decoding).items()},
-        "data_dir": str(user_path(task.data_dir)), "split": cfg.split,
+        "target_dtype": cfg.hardware.target_precision,
+        **{f"decoding.{k}": v for k, v in dataclasses.asdict(decoding).items()},
+        "split": cfg.split,
         "sources": f"{len(pairs)} pairs, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]}",
         "src_lang": task.src_lang, "tgt_lang": task.tgt_lang, "chunk_size": cfg.chunk_size,
     }  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 
 from specbeam.apps.decoding import DecodingConfig
 from specbeam.apps.merge_shards import main as merge_shards
+from specbeam.apps.task import TaskConfig
 from specbeam.apps.textio import ResumableOutput, input_digest, job_fingerprint
 from specbeam.apps.translate import TranslateConfig, output_settings
 
@@ -144,11 +145,15 @@ def test_shards_of_different_runs_are_refused_naming_the_settings_that_differ(
         f"error: {first} and {other} come from different runs: split_above_tokens 50 vs 0; "
     )
     assert not corpus.with_name("out.en").exists()
-    finish_shard(corpus, 1, SHARDS[1])
+    # Another install's task data_dir (an absolute path translate does not read) joins.
+    elsewhere = TaskConfig(data_dir="/elsewhere/tasks/bible_es_en/data")
+    finish_shard(corpus, 1, SHARDS[1], task=elsewhere)
     capsys.readouterr()
     merge_shards(args)
     assert corpus.with_name("out.en").read_text() == "".join(SHARDS)
     assert capsys.readouterr().err == ""  # every shard checked: no warning
+    finish_shard(corpus, 1, SHARDS[1], task=TaskConfig(tgt_lang="fra_Latn"))
+    assert "task.tgt_lang eng_Latn vs fra_Latn" in error_of(merge_shards, *args)
 
 
 def test_a_shard_of_another_input_or_place_is_refused(corpus: Path) -> None:

@@ -14,7 +14,7 @@ from specbeam import startup
 from specbeam.apps.data import read_tsv
 from specbeam.apps.task import TaskConfig
 from specbeam.paths import SHIPPED
-from specbeam.training.distill import DistillConfig, distill
+from specbeam.training.distill import DistillConfig, distill, origin
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,3 +142,17 @@ def test_sigterm_says_how_many_chunks_are_kept(tmp_path, monkeypatch, capsys) ->
     distill(OmegaConf.to_object(composed))  # a rerun: a new process's config
     assert calls == [[f"Y dijo {i} veces." for i in (2, 3)], ["Y dijo 4 veces."]]
     assert len(read_tsv(tmp_path / "out" / "train.tsv")) == 5
+
+
+def test_the_origin_records_the_precision_and_decoding_as_run(tmp_path) -> None:
+    """target_dtype=auto is another precision on another CPU, and a machine's calibration
+    another draft tree: chunks made under either must not pass for this run's."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.tsv").write_text("r\tY dijo.\tAnd he said.\n", encoding="utf-8")
+    cfg = DistillConfig(task=TaskConfig(data_dir=str(tmp_path / "data")))
+    cfg.hardware.target_dtype = "auto"
+    cfg.hardware.tuned = {"spec_beam": {"gamma": 3}}
+    found = origin(cfg, cfg.task.split("train"))
+    assert found["target_dtype"] == cfg.hardware.target_precision != "auto"
+    assert found["decoding.gamma"] == 3
+    assert "data_dir" not in found  # another path on each install; `sources` names the data
