@@ -23,7 +23,13 @@ import sys
 from pathlib import Path
 
 from specbeam.apps.app import shard_path, shard_range
-from specbeam.apps.textio import finished_record, input_digest, read_input, split_lines
+from specbeam.apps.textio import (
+    finished_record,
+    input_digest,
+    read_input,
+    setting_differences,
+    split_lines,
+)
 from specbeam.plural import counted
 
 SHARD = re.compile(r"\.shard-(\d+)-of-(\d+)$")
@@ -134,11 +140,7 @@ def shard_settings(path: Path, shard: str, input_path: str, digest: str) -> dict
 def check_same_settings(first: Path, ours: dict, path: Path, theirs: dict) -> None:
     """Shards translated with other settings (another decoding, model or precision) would
     join into a file no single run writes: refused, naming each setting that differs."""
-    differ = [
-        f"{name} {_shown(ours.get(name))} vs {_shown(theirs.get(name))}"
-        for name in {**ours, **theirs}
-        if name != "shard" and ours.get(name) != theirs.get(name)
-    ]
+    differ = setting_differences(ours, theirs, skip={"shard"})
     if differ:
         raise ValueError(
             f"{first} and {path} come from different runs: {', '.join(differ)}; translate "
@@ -146,15 +148,14 @@ def check_same_settings(first: Path, ours: dict, path: Path, theirs: dict) -> No
         )
 
 
-def _shown(value: object) -> str:
-    """A setting's value as the command line spells it (a string bare, others as JSON)."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m specbeam.merge_shards", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--input", required=True, help="the input all shards were cut from")
-    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument(
+        "--output", type=Path, required=True, help="the joined file (shards: OUTPUT.shard-i-of-n)"
+    )
     parser.add_argument(
         "shards", type=Path, nargs="*", help="shard files, in order 0, 1, … (default: found)"
     )

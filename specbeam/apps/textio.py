@@ -12,7 +12,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
@@ -159,6 +159,7 @@ class ResumableOutput:
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.sidecar = self.path.with_name(self.path.name + ".partial.json")
         self.ahead_path = self.path.with_name(self.path.name + ".partial.ahead")
+        self.input_log = self.path.with_name(self.path.name + ".partial.input")  # `InputLog`
         if record:
             self.record = finished_record(self.path)
         resumed = self.partial.exists()
@@ -190,10 +191,13 @@ class ResumableOutput:
             raise ValueError(f"cannot write output {path}: {error.strerror}") from None
 
     def _check_same_job(self, job: dict) -> None:
-        previous = json.loads(self.sidecar.read_text()) if self.sidecar.exists() else None
-        if previous != job:
+        """The same input bytes and settings; the input's path may be spelt another way
+        (relative, from another directory)."""
+        previous = json.loads(self.sidecar.read_text()) if self.sidecar.exists() else {}
+        differ = job_differences(previous, job)
+        if differ:
             raise ValueError(
-                f"{self.partial} holds a partial output of a different job (input or settings differ); "
+                f"{self.partial} holds a partial output of a different job ({', '.join(differ)}); "
                 "delete it or choose another output path"
             )
 
@@ -249,6 +253,7 @@ class ResumableOutput:
         os.replace(self.partial, self.path)
         self.sidecar.unlink()
         self._drop_ahead()
+        self.input_log.unlink(missing_ok=True)
 
     def _drop_ahead(self) -> None:
         """Removes the ahead file and a temporary one a killed write left."""
@@ -365,6 +370,83 @@ def job_fingerprint(input_path: str, digest: str, settings: dict[str, object]) -
             named[name] = value
     settings_as_read = json.loads(json.dumps(named, default=str))  # tuples become lists
     return {"input": input_path, "input_sha256": digest, "settings": settings_as_read}
+
+
+def job_differences(ours: dict, theirs: dict) -> list[str]:
+    """What differs between two `job_fingerprint`s, each named: the input's bytes, then
+    each setting (the input's path is not compared: the same file may be named otherwise)."""
+    differ = []
+    if ours.get("input_sha256") != theirs.get("input_sha256"):
+        differ.append(f"input {ours.get('input')} vs {theirs.get('input')}, other bytes")
+    a, b = ours.get("settings", {}), theirs.get("settings", {})
+    if not isinstance(a, dict) or not isinstance(b, dict):  # an older specbeam's record
+        return differ + ([] if a == b else ["settings recorded by another specbeam version"])
+    return differ + setting_differences(a, b)
+
+
+def setting_differences(ours: dict, theirs: dict, skip: Collection[str] = ()) -> list[str]:
+    """Each setting (by name) whose values differ, as `name ours vs theirs`."""
+    return [
+        f"{name} {_shown(ours.get(name))} vs {_shown(theirs.get(name))}"
+        for name in {**ours, **theirs}
+        if name not in skip and ours.get(name) != theirs.get(name)
+    ]
+
+
+def _shown(value: object) -> str:
+    """A setting's value as the command line spells it (a string bare, others as JSON)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+class InputLog:
+    """Digests of standard input's lines as they are read, beside a partial output
+    (`<output>.partial.input`: line i's at byte 17·i, 16 hex digits and a newline). A file
+    input's bytes are in the job's digest; a rerun from stdin reads a stream that may carry
+    another text, so each line that has output already (written, or kept ahead) must be
+    the line it was translated from: a rerun that differs there is refused, naming the
+    line, before that output is used. Other lines' digests are overwritten as they are read."""
+
+    WIDTH = 17
+
+    def __init__(self, out: ResumableOutput) -> None:
+        assert out.partial is not None
+        self.out, self.path = out, out.input_log
+        self.translated = {*range(out.done), *out.ahead}  # lines with output, as resumed
+        self.logged: list[str] = []
+        if self.translated:
+            if not self.path.exists():
+                raise ValueError(
+                    f"{out.partial} was translated from standard input by an older specbeam, "
+                    "which kept no record of its lines: delete it to translate from the start"
+                )
+            self.logged = self.path.read_text(encoding="ascii").split()
+        try:
+            self.fd = os.open(
+                self.path, os.O_RDWR | os.O_CREAT | (0 if self.translated else os.O_TRUNC)
+            )
+        except OSError as error:
+            raise ValueError(f"cannot write {self.path}: {error.strerror}") from None
+        self.count = 0  # lines read
+
+    def checked(self, chunks: Iterable[list[str]]) -> Iterator[list[str]]:
+        """The chunks read from stdin, each checked and logged before it is translated."""
+        for lines in chunks:
+            digests = [hashlib.sha256(line.encode()).hexdigest()[:16] for line in lines]
+            for i, digest in enumerate(digests, start=self.count):
+                if i in self.translated and self.logged[i : i + 1] != [digest]:
+                    raise ValueError(
+                        f"line {i + 1} of standard input is not the line {self.out.partial} "
+                        "was translated from: this is another input; give the same input, or "
+                        "delete the partial file to translate this one from the start"
+                    )
+            record = "".join(d + "\n" for d in digests).encode()
+            os.pwrite(self.fd, record, self.WIDTH * self.count)
+            os.fsync(self.fd)
+            self.count += len(lines)
+            yield lines
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def finished_record(path: str | Path) -> Path:

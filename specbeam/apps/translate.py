@@ -6,7 +6,8 @@ python -m specbeam.translate decoding=beam ...       # plain fairseq2 beam searc
 python -m specbeam.translate compare=beam ...        # and print the speedup over it
 python -m specbeam.translate "compare='beam:beam_size=4'" ...  # Hydra needs the inner quotes
 python -m specbeam.translate output_format=jsonl nbest=3 ...   # n-best lists, scores, stats
-python -m specbeam.translate -m hydra/launcher=joblib shard=0/2,1/2 input=src.es output=out.en
+python -m specbeam.translate -m hydra/launcher=joblib shard=0/2,1/2 hardware.threads=1 \
+    input=src.es output=out.en                              # 2 jobs × 1 thread on 2 cores
 python -m specbeam.merge_shards --input src.es --output out.en   # joins out.en.shard-*-of-2
 
 Standard input is streamed (`textio.stream_lines`): lines are translated as they arrive
@@ -44,6 +45,7 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.inference import Translation, translate_batches
 from specbeam.apps.split import Split, Splitter, flatten, join
 from specbeam.apps.textio import (
+    InputLog,
     ResumableOutput,
     UnreadableInput,
     input_digest,
@@ -127,6 +129,15 @@ class TranslateConfig(PipelineConfig):
                 f"shard={self.shard} needs input=FILE: stdin is streamed, and every shard must "
                 "read the same lines"
             )
+        if self.stats_file is not None and (
+            self.stats_file == self.output == "-"
+            or "-" not in (self.stats_file, self.output)
+            and _same_file(self.stats_file, self.output)
+        ):
+            raise ValueError(
+                f"stats_file={self.stats_file} is the output: choose another stats_file (the "
+                "records would be mixed into the translations)"
+            )
         for setting, path in (("output", self.output), ("stats_file", self.stats_file)):
             if path is None or "-" in (self.input, path):
                 continue
@@ -206,21 +217,25 @@ def translate(cfg: TranslateConfig) -> None:
         else None
     )
     if stats is not None:
+        check_stats_resume(stats, out)
         stats.truncate_to(out.done)
     if out.done or out.ahead:
         later = f" ({counted(len(out.ahead), 'later line')} finished too)" if out.ahead else ""
         print(f"resuming {output} after line {out.done}{later}", file=sys.stderr)
     step = cfg.chunk_lines
     chunks: Iterable[tuple[int, list[str]]]  # each with the number of lines before it
+    input_log = InputLog(out) if lines is None and out.partial is not None else None
     if lines is None:
         arriving = stream_lines(sys.stdin.fileno(), cfg.input_errors, step)
+        if input_log is not None:
+            arriving = input_log.checked(arriving)
         chunks = _numbered(_skip(arriving, out.done), out.done)
     else:  # the chunks of an uninterrupted run, so that their batches, and output, are its
         start = out.done - out.done % step
         chunks = ((b, lines[b : b + step]) for b in range(start, len(lines), step))
     bar = tqdm(
         total=total, initial=out.done + len(out.ahead), unit="line", file=sys.stderr,
-        disable=output == "-",
+        disable=output == "-" or total == 0,
     )  # fmt: skip
     split_records: list[dict] = []
     translated: list[str] = []  # for compare=
@@ -252,6 +267,8 @@ def translate(cfg: TranslateConfig) -> None:
         out.close()
         if stats is not None:
             stats.close()
+        if input_log is not None:
+            input_log.close()
     if unreadable is not None:  # the lines before it are written
         if out.partial is None:
             raise unreadable
@@ -267,6 +284,19 @@ def translate(cfg: TranslateConfig) -> None:
     if cfg.compare:
         pieces = [p for t in translated if t.strip() for p in splitter(t).pieces]
         print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)
+
+
+def check_stats_resume(stats: ResumableOutput, out: ResumableOutput) -> None:
+    """A stats file that lacks lines the resumed output has (stats_file added to the rerun,
+    or its partial file deleted) would lack their records for good: refused. (The lines
+    kept ahead carry their records; a stream, stdout, holds what it was sent.)"""
+    if stats.partial is not None and stats.done < out.done:
+        raise ValueError(
+            f"stats_file={stats.name} has {counted(stats.done, 'record')} of the "
+            f"{out.done} lines {out.partial} holds (was stats_file added to the rerun, or "
+            "its partial file deleted?): rerun without stats_file, or delete the partial "
+            "output to translate from the start"
+        )
 
 
 def output_settings(cfg: TranslateConfig) -> dict[str, object]:
@@ -358,10 +388,10 @@ def warn_split(records: list[dict], limit: int, named: int = 20) -> None:
     ]
     more = f" and {len(records) - named} more" if len(records) > named else ""
     log.warning(
-        "split %d lines longer than %d source tokens and joined their pieces' translations: "
-        "lines %s%s",
-        len(records),
+        "split %s longer than %d source tokens and joined their pieces' translations: %s %s%s",
+        counted(len(records), "line"),
         limit,
+        "line" if len(records) == 1 else "lines",
         ", ".join(names),
         more,
     )
@@ -382,7 +412,10 @@ def compare_line(
         ),  # type: ignore[arg-type]
         MethodRun(cfg.decoding.name, generator),
     ]
-    run_side_by_side(runs, tokenizer, texts, cfg.task.src_lang, cfg.task.tgt_lang, batch_size=1)
+    run_side_by_side(
+        runs, tokenizer, texts, cfg.task.src_lang, cfg.task.tgt_lang, batch_size=1,
+        desc=f"compare={cfg.compare}, one at a time",
+    )  # fmt: skip
     base, ours = runs
     same = sum(a == b for a, b in zip(base.outputs, ours.outputs, strict=True))
     line = (

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from specbeam.apps.textio import (
+    InputLog,
     ResumableOutput,
     UnreadableInput,
     read_lines,
@@ -99,7 +100,7 @@ def test_missing_input_is_a_clear_error(tmp_path) -> None:
 
 def test_partial_output_resumes_and_completes_atomically(tmp_path) -> None:
     target = tmp_path / "out.txt"
-    job = {"input": "x", "settings": "y"}
+    job = {"input": "x", "input_sha256": "1", "settings": {"s": "y"}}
     first = ResumableOutput(str(target), job)
     first.write(["one", "two"])
     first.stream.write("thr")  # a write cut short by a kill
@@ -167,11 +168,67 @@ def test_a_write_of_lines_ahead_cut_short_by_a_kill_leaves_nothing_behind(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
 
-def test_partial_output_of_another_job_is_refused(tmp_path) -> None:
+def test_partial_output_of_another_job_is_refused_naming_what_differs(tmp_path) -> None:
+    """Other bytes or other settings are another job; the same bytes named by another
+    path (relative, from another directory) are the same job."""
     target = tmp_path / "out.txt"
-    ResumableOutput(str(target), {"input": "a"}).close()
-    with pytest.raises(ValueError, match="partial output of a different job"):
-        ResumableOutput(str(target), {"input": "b"})
+    job = {"input": "a.es", "input_sha256": "1", "settings": {"nbest": 1, "decoding.gamma": 2}}
+    ResumableOutput(str(target), job).close()
+    other_bytes = {**job, "input_sha256": "2"}
+    with pytest.raises(ValueError) as error:
+        ResumableOutput(str(target), other_bytes)
+    assert str(error.value) == (
+        f"{target}.partial holds a partial output of a different job (input a.es vs a.es, "
+        "other bytes); delete it or choose another output path"
+    )
+    other_settings = {**job, "settings": {"nbest": 1, "decoding.gamma": 3}}
+    with pytest.raises(ValueError, match=r"different job \(decoding.gamma 2 vs 3\)"):
+        ResumableOutput(str(target), other_settings)
+    ResumableOutput(str(target), {**job, "input": "/somewhere/else/a.es"}).finish()
+
+
+def _resumed(tmp_path: Path, written: list[str], ahead: dict[int, str]) -> ResumableOutput:
+    """An output from stdin interrupted after `written` lines, with `ahead` kept."""
+    target = tmp_path / "out.txt"
+    first = ResumableOutput(str(target), {"input": "-"})
+    log = InputLog(first)
+    read = [*written, *(f"line {i}" for i in range(len(written), 1 + max(ahead, default=0)))]
+    for lines in log.checked([read]):
+        first.write(lines[: len(written)])
+    first.keep_ahead({i: (text, {}) for i, text in ahead.items()})
+    first.close()
+    log.close()
+    return ResumableOutput(str(target), {"input": "-"})
+
+
+def test_stdin_lines_with_output_must_be_the_ones_read_before(tmp_path) -> None:
+    """A rerun from stdin may be fed another text: the lines the partial output has
+    (written, or kept ahead) are checked against the digests logged as they were read;
+    the others may differ (they were never translated)."""
+    out = _resumed(tmp_path, ["uno", "dos"], {3: "three"})
+    log = InputLog(out)
+    assert list(log.checked([["uno", "dos"], ["new 2", "line 3", "cinco"]])) == [
+        ["uno", "dos"], ["new 2", "line 3", "cinco"],
+    ]  # fmt: skip
+    log.close()
+    out.close()
+    for lines, bad in ((["uno", "DOS"], 2), (["uno", "dos", "x", "changed"], 4)):
+        out = ResumableOutput(str(tmp_path / "out.txt"), {"input": "-"})
+        log = InputLog(out)
+        with pytest.raises(ValueError, match=rf"^line {bad} of standard input is not the line"):
+            list(log.checked([lines]))
+        log.close()
+        out.close()
+
+
+def test_a_stdin_partial_without_a_log_is_refused(tmp_path) -> None:
+    """Written by an older specbeam: nothing to check a rerun's lines against."""
+    _resumed(tmp_path, ["uno"], {}).close()
+    (tmp_path / "out.txt.partial.input").unlink()
+    out = ResumableOutput(str(tmp_path / "out.txt"), {"input": "-"})
+    with pytest.raises(ValueError, match="kept no record of its lines: delete it"):
+        InputLog(out)
+    out.close()
 
 
 def test_a_second_job_writing_the_same_output_is_refused(tmp_path) -> None:

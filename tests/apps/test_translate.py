@@ -219,13 +219,49 @@ def test_killed_job_resumes_to_identical_output(tmp_path, signal_name, from_stdi
         assert f"{word}:" in stderr and "run the same command again to continue" in stderr
     done = partial.read_text(encoding="utf-8").count("\n")
     assert 20 <= done < 60
+    refused = _refused_resumes(tmp_path, source, output, from_stdin, signal_name)
+    assert partial.read_text(encoding="utf-8").count("\n") == done, refused
 
+    if signal_name == "SIGINT":  # the same file, named another way: the same job
+        source = source.parent / "." / source.name
     resumed = _start(tmp_path, source, output, from_stdin)
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
     assert f"resuming {output} after line {done}" in stderr
     assert output.read_bytes() == reference.read_bytes()
     assert not partial.exists()
+
+
+def _refused_resumes(
+    tmp_path: Path, source: Path, output: Path, from_stdin: bool, signal_name: str
+) -> list[str]:
+    """Reruns that must not continue the partial output, each with its one-line error:
+    stdin carrying another text (its first line changed), and stats_file added to the rerun
+    (its records of the lines written would be missing)."""
+    errors = []
+    if from_stdin:
+        other = tmp_path / "other.es"
+        other.write_text("Otra cosa.\n" + source.read_text(encoding="utf-8").split("\n", 1)[1])
+        proc = _start(tmp_path, other, output, from_stdin)
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 1
+        assert stderr.strip().splitlines()[-1] == (
+            f"error: line 1 of standard input is not the line {output}.partial was translated "
+            "from: this is another input; give the same input, or delete the partial file to "
+            "translate this one from the start"
+        )
+        errors.append(stderr)
+    if signal_name == "SIGTERM":
+        proc = _start(tmp_path, source, output, from_stdin, f"stats_file={tmp_path}/new.jsonl")
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 1
+        assert (
+            stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"error: stats_file={tmp_path}/new.jsonl has 0 records of the ")
+        )
+        errors.append(stderr)
+    return errors
 
 
 def test_interrupt_inside_a_chunk_keeps_its_finished_lines_and_resumes_exactly(tmp_path) -> None:
@@ -561,6 +597,9 @@ def _hypotheses(obj: dict) -> list[tuple[str, float | None]]:
         ({"output": " "}, "output is empty: give a file, or - for stdout"),
         ({"output": "new_dir/"}, "output=new_dir/ is a directory: give a file in it"),
         ({"output": "/tmp"}, "output=/tmp is a directory: give a file in it"),
+        ({"output": "out.en", "stats_file": "./out.en"},
+         "stats_file=./out.en is the output: choose another stats_file (the records would be mixed into the translations)"),
+        ({"stats_file": "-"}, "stats_file=- is the output: choose another stats_file"),
         ({"stats_file": ""}, "stats_file is empty: give a file, or - for stdout"),
     ],
 )  # fmt: skip
