@@ -1,5 +1,5 @@
-"""An app's --help: its config groups and its own settings, each with its value and a
-one-line description, the first sentence of the docstring under the setting's field in the
+"""An app's --help: its config groups and its own settings, each with its value (as a run
+uses it: a calibration's tuned decoding settings too) and a description, the first sentence of the docstring under the setting's field in the
 app's config dataclasses (Hydra's help would list every group under conf/, the training
 `arch` too, with no descriptions)."""
 
@@ -29,6 +29,7 @@ def app_help(app: str, doc: str | None, overrides: Sequence[str]) -> str:
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
+    tuned = show_tuned(cfg, overrides)
     intro = (doc or "").strip().split("\n\n")[0]
     lines = [
         intro,
@@ -55,14 +56,38 @@ def app_help(app: str, doc: str | None, overrides: Sequence[str]) -> str:
     lines += [
         *([""] if groups else []),
         "Settings (SETTING=VALUE):",
-        *settings(cfg),
+        *settings(cfg, tuned=tuned),
     ]
     return "\n".join(lines)
 
 
-def settings(node: DictConfig, prefix: str = "") -> list[str]:
-    """A line per setting of a structured config node: its own first, then those of its
-    nested dataclasses (the config groups')."""
+def show_tuned(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, str]:
+    """Writes into `cfg` the decoding settings the hardware config's calibration replaces
+    (`HardwareConfig.tune`: what a run uses, unless the command line sets them); returns
+    each one's name (`decoding.gamma`) -> where it comes from."""
+    if "decoding" not in cfg or "hardware" not in cfg:
+        return {}
+    decoding, hardware = OmegaConf.to_object(cfg.decoding), OmegaConf.to_object(cfg.hardware)
+    given = {o.split("=", 1)[0].lstrip("+~").removeprefix("decoding.") for o in overrides}
+    try:
+        tuned = hardware.tune(decoding, given)  # type: ignore[union-attr]
+    except ValueError:  # a calibration naming unknown settings: the run will say so
+        return {}
+    changed = {
+        f.name: getattr(tuned, f.name)
+        for f in dataclasses.fields(tuned)
+        if getattr(tuned, f.name) != getattr(decoding, f.name)
+    }
+    for name, value in changed.items():
+        cfg.decoding[name] = list(value) if isinstance(value, tuple) else value
+    return {f"decoding.{name}": f"hardware={hardware.name}'s calibration" for name in changed}  # type: ignore[union-attr]
+
+
+def settings(node: DictConfig, prefix: str = "", tuned: dict[str, str] | None = None) -> list[str]:
+    """A line per setting of a structured config node (its description wrapped over more
+    lines where long): its own first, then those of its nested dataclasses (the config
+    groups'). `tuned`: settings a calibration set, and which (`show_tuned`)."""
+    tuned = tuned or {}
     kind = OmegaConf.get_type(node)
     described = descriptions(kind) if isinstance(kind, type) else {}
     values = OmegaConf.to_container(node, resolve=False)
@@ -71,11 +96,16 @@ def settings(node: DictConfig, prefix: str = "") -> list[str]:
     for key in node:
         child = node._get_node(key)
         if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
-            nested += settings(child, f"{prefix}{key}.")
+            nested += settings(child, f"{prefix}{key}.", tuned)
             continue
         setting = f"  {prefix}{key}={_value(values[key])}"
-        line = f"{setting}{' ' * max(_WIDTH - len(setting), 2)}{described.get(str(key), '')}"
-        lines.append(line.rstrip() if len(line) <= _LINE else f"{line[: _LINE - 1]}…")
+        description = described.get(str(key), "")
+        if f"{prefix}{key}" in tuned:
+            description = f"[{tuned[f'{prefix}{key}']}] {description}"
+        indent = max(_WIDTH, len(setting) + 2)
+        wrapped = textwrap.wrap(description, _LINE - indent) or [""]
+        lines.append(f"{setting}{' ' * (indent - len(setting))}{wrapped[0]}".rstrip())
+        lines += [" " * indent + more for more in wrapped[1:]]
     return lines + nested
 
 

@@ -404,8 +404,16 @@ def test_help_lists_the_app_s_own_groups_and_settings_with_descriptions(tmp_path
     assert out.startswith(specbeam.apps.translate.__doc__.split("\n")[0])
     assert re.search(r"^  input=- +A file, or - : standard input", out, re.M)
     assert re.search(r"^  decoding: beam, .*spec_beam\*", out, re.M)
-    assert re.search(r"^  decoding.gamma=4 +Draft depth", out, re.M)
+    # As the run uses them: hardware=cpu's calibration tunes spec_beam's γ and width.
+    assert re.search(r"^  decoding.gamma=2 +\[hardware=cpu's calibration\] Draft depth", out, re.M)
+    assert re.search(r"^  decoding.draft_width=10 +\[hardware=cpu's calibration\] Nodes", out, re.M)
+    # A description longer than the line goes on over the next ones, none cut.
+    assert re.search(
+        r"^  output=- +A file \(through a symlink, its target\), written as .*\n {38}\S", out, re.M
+    )
     assert not re.search(r"^  arch:", out, re.M)  # the training apps' group
+    given = app_help("translate", None, ["decoding.gamma=3"])
+    assert re.search(r"^  decoding.gamma=3 +Draft depth", given, re.M)  # the command line's wins
     calibrate_help = app_help("calibrate", None, ["hardware.threads=1"])
     assert re.search(r"^  hardware.threads=1", calibrate_help, re.M)
     assert re.search(

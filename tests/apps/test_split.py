@@ -137,8 +137,8 @@ def test_translate_keeps_lines_and_records_pieces(tmp_path) -> None:
         assert [r["line"] for r in records] == [1, 2, 3, 4, 5]
         assert [r.get("pieces") for r in records] == [None, None, 10, None, None]
         assert records[2]["cut_without_boundary"] is False
-        assert "split 1 lines longer than 50 source tokens" in result.stderr
-        assert "lines 3 (10 pieces)" in result.stderr
+        assert "split 1 line longer than 50 source tokens" in result.stderr
+        assert "translations: line 3 (10 pieces)" in result.stderr
     assert len(outputs["beam"]) == 5 and outputs["beam"] == outputs["spec_beam"]
     assert outputs["beam"][1] == outputs["beam"][3] == ""
     assert "for 12 sentences" in result.stderr and "identical outputs: 12/12" in result.stderr
