@@ -282,8 +282,9 @@ def translate(cfg: TranslateConfig) -> None:
     if split_records:
         warn_split(split_records, cfg.split_above_tokens)
     if cfg.compare:
-        pieces = [p for t in translated if t.strip() for p in splitter(t).pieces]
-        print(compare_line(cfg, tokenizer, generator, pieces), file=sys.stderr)
+        lines = [t for t in translated if t.strip()]
+        pieces = [p for t in lines for p in splitter(t).pieces]
+        print(compare_line(cfg, tokenizer, generator, pieces, len(lines)), file=sys.stderr)
 
 
 def check_stats_resume(stats: ResumableOutput, out: ResumableOutput) -> None:
@@ -398,12 +399,17 @@ def warn_split(records: list[dict], limit: int, named: int = 20) -> None:
 
 
 def compare_line(
-    cfg: TranslateConfig, tokenizer: Tokenizer, generator: Seq2SeqGenerator, texts: list[str]
+    cfg: TranslateConfig,
+    tokenizer: Tokenizer,
+    generator: Seq2SeqGenerator,
+    texts: list[str],
+    lines: int | None = None,
 ) -> str:
     """Decodes `texts` with both decodings, batch by batch in turn (same models, inputs
     and threads), and says how they compare. The baseline keeps this run's length and
     scoring settings; its search (and beam size) is its own, e.g.
-    `"compare='beam:beam_size=4'"` (quoted for Hydra: its values cannot hold a bare `=`)."""
+    `"compare='beam:beam_size=4'"` (quoted for Hydra: its values cannot hold a bare `=`).
+    `lines`: the input lines `texts` were split from, where that is known."""
     baseline = cfg.baseline()
     runs = [
         MethodRun(
@@ -421,7 +427,8 @@ def compare_line(
     line = (
         f"{ours.name}: {base.total_seconds / ours.total_seconds:.2f}× the speed of "
         f"{base.name} ({ours.total_seconds:.2f} s vs {base.total_seconds:.2f} s for "
-        f"{counted(len(texts), 'sentence')}, one at a time); identical outputs: {same}/{len(texts)}"
+        f"{counted(len(texts), 'sentence')}{_pieces_of(lines, len(texts))}, one at a time); "
+        f"identical outputs: {same}/{len(texts)}"
     )
     if ours.stats.target_passes:
         line += f"; τ {ours.stats.tau:.2f} steps per target pass"
@@ -431,6 +438,11 @@ def compare_line(
             "(the planner priced speculation slower on this machine)"
         )
     return line
+
+
+def _pieces_of(lines: int | None, sentences: int) -> str:
+    """Where split lines made more sentences than lines: how many lines they came from."""
+    return "" if lines is None or lines == sentences else f" from {counted(lines, 'line')}"
 
 
 def translate_chunk(

@@ -141,4 +141,5 @@ def test_translate_keeps_lines_and_records_pieces(tmp_path) -> None:
         assert "translations: line 3 (10 pieces)" in result.stderr
     assert len(outputs["beam"]) == 5 and outputs["beam"] == outputs["spec_beam"]
     assert outputs["beam"][1] == outputs["beam"][3] == ""
-    assert "for 12 sentences" in result.stderr and "identical outputs: 12/12" in result.stderr
+    assert "for 12 sentences from 3 lines, one at a time" in result.stderr
+    assert "identical outputs: 12/12" in result.stderr
