@@ -29,7 +29,7 @@ from typing_extensions import override
 from specbeam import startup
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.help import app_help
+from specbeam.apps.help import app_help, group_settings
 from specbeam.apps.task import TaskConfig
 from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, open_pair
@@ -73,8 +73,7 @@ def command_line_settings(group: str) -> set[str]:
     (`decoding.gamma=6` -> {"gamma"}); empty outside a Hydra app."""
     if not HydraConfig.initialized():
         return set()
-    names = (o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
-    return {n.split(".", 1)[1] for n in names if n.startswith(f"{group}.")}
+    return group_settings(HydraConfig.get().overrides.task, group)
 
 
 def parse_shard(shard: str) -> tuple[int, int]:

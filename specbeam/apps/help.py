@@ -1,7 +1,7 @@
 """An app's --help: its config groups and its own settings, each with its value (as a run
-uses it: a calibration's tuned decoding settings too) and a description, the first sentence of the docstring under the setting's field in the
-app's config dataclasses (Hydra's help would list every group under conf/, the training
-`arch` too, with no descriptions)."""
+uses it: a calibration's tuned decoding settings too) and a description, the first sentence
+of the docstring under the setting's field in the app's config dataclasses (Hydra's help
+would list every group under conf/, the training `arch` too, with no descriptions)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def show_tuned(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, str]:
     if "decoding" not in cfg or "hardware" not in cfg:
         return {}
     decoding, hardware = OmegaConf.to_object(cfg.decoding), OmegaConf.to_object(cfg.hardware)
-    given = {o.split("=", 1)[0].lstrip("+~").removeprefix("decoding.") for o in overrides}
+    given = group_settings(overrides, "decoding")
     try:
         tuned = hardware.tune(decoding, given)  # type: ignore[union-attr]
     except ValueError:  # a calibration naming unknown settings: the run will say so
@@ -81,6 +81,13 @@ def show_tuned(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, str]:
     for name, value in changed.items():
         cfg.decoding[name] = list(value) if isinstance(value, tuple) else value
     return {f"decoding.{name}": f"hardware={hardware.name}'s calibration" for name in changed}  # type: ignore[union-attr]
+
+
+def group_settings(overrides: Sequence[str], group: str) -> set[str]:
+    """Settings of a config group that command-line overrides set (`decoding.gamma=6` ->
+    {"gamma"})."""
+    names = (o.split("=", 1)[0].lstrip("+~") for o in overrides)
+    return {n.split(".", 1)[1] for n in names if n.startswith(f"{group}.")}
 
 
 def settings(node: DictConfig, prefix: str = "", tuned: dict[str, str] | None = None) -> list[str]:

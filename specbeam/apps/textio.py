@@ -37,11 +37,6 @@ def read_input(path: str) -> bytes:
         raise ValueError(f"cannot read input {path}: {error.strerror}") from None
 
 
-def read_lines(path: str, errors: str = "strict") -> list[str]:
-    """A file's lines (`split_lines`)."""
-    return split_lines(read_input(path), path, errors)
-
-
 def split_lines(data: bytes, path: str, errors: str = "strict") -> list[str]:
     """The lines of file `path`'s bytes, separated by '\\n' only (a stray '\\r' or U+2028
     does not split a line), so the output has exactly one line per input line; a leading
@@ -62,7 +57,7 @@ def split_lines(data: bytes, path: str, errors: str = "strict") -> list[str]:
 
 
 def stream_lines(fd: int, errors: str, max_lines: int) -> Iterator[list[str]]:
-    """The lines of a pipe or terminal (as `read_lines` splits and decodes them) as they
+    """The lines of a pipe or terminal (as `split_lines` splits and decodes them) as they
     arrive: each time at least one complete line is there, the complete lines that can
     be read without waiting, up to `max_lines`. So a filter answers each line typed or
     sent alone at once, and batches fill up when the input comes faster than it is

@@ -282,9 +282,9 @@ def translate(cfg: TranslateConfig) -> None:
     if split_records:
         warn_split(split_records, cfg.split_above_tokens)
     if cfg.compare:
-        lines = [t for t in translated if t.strip()]
-        pieces = [p for t in lines for p in splitter(t).pieces]
-        print(compare_line(cfg, tokenizer, generator, pieces, len(lines)), file=sys.stderr)
+        nonblank = [t for t in translated if t.strip()]
+        pieces = [p for t in nonblank for p in splitter(t).pieces]
+        print(compare_line(cfg, tokenizer, generator, pieces, len(nonblank)), file=sys.stderr)
 
 
 def check_stats_resume(stats: ResumableOutput, out: ResumableOutput) -> None:

@@ -15,10 +15,16 @@ from specbeam.apps.textio import (
     InputLog,
     ResumableOutput,
     UnreadableInput,
-    read_lines,
+    read_input,
+    split_lines,
     stream_lines,
     uninterrupted,
 )
+
+
+def read_lines(path: str, errors: str = "strict") -> list[str]:
+    """A file's lines as translate reads them: its bytes once, then split."""
+    return split_lines(read_input(path), path, errors)
 
 
 def test_lines_split_on_newline_only(tmp_path) -> None:
@@ -58,7 +64,7 @@ def test_a_leading_byte_order_mark_is_not_text(tmp_path) -> None:
 def test_streamed_lines_come_as_they_arrive_in_batches_of_what_is_there() -> None:
     """Each batch: the complete lines readable without waiting, at most max_lines; a line
     still being written waits for its newline; the last may lack one. Split and decoded
-    as read_lines does."""
+    as split_lines does."""
     read_end, write_end = os.pipe()
     try:
         lines = stream_lines(read_end, "replace", max_lines=2)
