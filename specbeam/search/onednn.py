@@ -254,22 +254,22 @@ def settings() -> tuple[bool, int, bool, bool]:
     return runtime.onednn, runtime.onednn_min_rows, runtime.native, torch.is_grad_enabled()
 
 
-def _quantized(weight: Tensor, bias: Tensor | None) -> Product | None:
+def _quantized(rows: int, weight: Tensor, bias: Tensor | None) -> Product | None:
     """The product in `weight`'s marked precision; None where it has none."""
     if quant.precision_of(weight) is None:
         return None
     copy = quant.copy_of(weight)
     if copy.precision == "bfloat16":
         return Product(BF16, weight, bias, copy.data, copy=copy)
-    if copy.fbgemm is None:
-        return Product(INT8, weight, bias, copy.data, copy=copy)
-    return Product(INT8_FBGEMM, weight, bias, copy.fbgemm, copy=copy)
+    if copy.on_fbgemm(rows):
+        return Product(INT8_FBGEMM, weight, bias, copy.fbgemm, copy=copy)
+    return Product(INT8, weight, bias, copy.data, copy=copy)
 
 
 def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:
     """How `linear` runs `weight` on `rows` rows of `dtype`: in its marked precision
     where it has one, whatever the runtime (every path must compute the same numbers)."""
-    quantized = _quantized(weight, bias)
+    quantized = _quantized(rows, weight, bias)
     if quantized is not None:
         return quantized
     if _bypassed(dtype, (weight,)):
@@ -319,7 +319,7 @@ def resolve_group(
         entry = (key, copy, stacked, bias, tuple(w.size(0) for w in weights))
         _fused[weights[0]] = entry
     _, copy, stacked, bias, sizes = entry
-    quantized = _quantized(stacked, bias)
+    quantized = _quantized(rows, stacked, bias)
     if quantized is not None:
         return dataclasses.replace(quantized, sizes=sizes)
     if _few_rows(rows, dtype):

@@ -7,11 +7,15 @@ does, so a product's result for a row must not depend on the rows beside it:
   with its own scale (its largest magnitude / 127). int8 × int8 products sum exactly in
   int32, and the scales apply per element afterwards, so a row's result is the same in
   any company. One scale per tensor (fbgemm's `quantize_dynamic`) would tie each row to
-  the largest row of the call. The sums run on `torch._int_mm` where the CPU has int8 dot
-  products (VNNI, AMX: oneDNN); on AVX2 alone `_int_mm` is a scalar loop, and they run on
-  fbgemm's GEMM through the extension (`csrc/int8_sums.cpp`), whose u8 × s8 pairs add
-  into 16 bits: there weights keep 7 bits (within ±63, `weight_levels`) so that no pair
-  saturates.
+  the largest row of the call. The sums run on fbgemm's packed GEMM through the
+  extension (`csrc/int8_sums.cpp`) wherever it is built: it streams its packed weight
+  faster than `torch._int_mm` (oneDNN), whose calls at a step's few rows cost tens of
+  microseconds beside their sums, and with AVX2 alone `_int_mm` is a scalar loop. Where
+  the CPU has AMX, oneDNN's tiles take the calls of more than `FBGEMM_MAX_ROWS` rows.
+  Both kernels give the same integers, so the kernel may change with the row count. fbgemm's AVX2 kernel adds each
+  two u8 × s8 products into 16 bits with saturation: where a probe of its sums finds
+  that (`fbgemm_full_bits`), weights keep 7 bits (within ±63, `weight_levels`) so that
+  no pair saturates.
 - `bfloat16`: bf16 weights and inputs, fp32 accumulation and bias; norms, softmax and
   residuals stay fp32 (oneDNN's packed bf16 product, whose rows do not share a sum).
 
@@ -27,6 +31,8 @@ own generators on the module, the lean decoders and the native layers
 
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -46,13 +52,18 @@ _TINY = 1e-30
 @dataclass(frozen=True, slots=True)
 class Quantized:
     """A weight's copy for its precision: int8 (in, out) and its per-channel scales
-    (out,), with fbgemm's packed copy where the sums run there; or oneDNN's packed bf16
-    copy (scales None)."""
+    (out,), with fbgemm's packed copy where the sums run there for calls of at most
+    `fbgemm_rows` rows; or oneDNN's packed bf16 copy (scales None)."""
 
     precision: str
     data: Tensor
     scales: Tensor | None
     fbgemm: Tensor | None = None
+    fbgemm_rows: int = 0
+
+    def on_fbgemm(self, rows: int) -> bool:
+        """Whether an int8 product of `rows` rows sums on fbgemm (else on `_int_mm`)."""
+        return rows <= self.fbgemm_rows
 
 
 def _version(weight: Tensor) -> tuple:
@@ -103,6 +114,10 @@ def copy_of(weight: Tensor) -> Quantized:
     return _Marks.copy(weight)
 
 
+FBGEMM_MAX_ROWS = 16
+"""Rows up to which int8 sums run on fbgemm where `_int_mm` has AMX (one tile's rows)."""
+
+
 def int8_dot() -> bool:
     """Whether this CPU has int8 dot products (VNNI or AMX), which `torch._int_mm` runs on
     oneDNN. Without them (AVX2 alone) `_int_mm` is a scalar loop."""
@@ -112,23 +127,54 @@ def int8_dot() -> bool:
 
 
 def fbgemm_sums() -> ModuleType | None:
-    """The extension whose fbgemm GEMM sums int8 products, where the CPU lacks int8 dot
-    products and the extension is built (whatever `hardware.native` says: the sums are
-    the same integers on either kernel); None: `torch._int_mm` sums them."""
+    """The extension whose fbgemm GEMM sums int8 products, on a CPU with AVX2 where it is
+    built (whatever `hardware.native` says: the sums are the same integers on either
+    kernel); None: `torch._int_mm` sums them."""
     from specbeam.search import cpu, native  # native imports this module
 
-    if int8_dot() or "avx2" not in cpu.cpu_flags():
+    if "avx2" not in cpu.cpu_flags():
         return None
     return native.build()
 
 
+def fbgemm_rows() -> int:
+    """Rows up to which int8 sums run on fbgemm: `FBGEMM_MAX_ROWS` where `_int_mm` has
+    AMX, none without the extension, else all (`docs/bench.md`, "Figures behind design
+    choices")."""
+    from specbeam.search import cpu
+
+    if fbgemm_sums() is None:
+        return 0
+    return FBGEMM_MAX_ROWS if "amx_int8" in cpu.cpu_flags() else sys.maxsize
+
+
+@functools.cache
+def fbgemm_full_bits(extension: ModuleType) -> bool:
+    """Whether fbgemm sums 8-bit weights exactly on this CPU: VNNI adds each u8 × s8
+    product into 32 bits, AVX2 adds two into 16 with saturation, which the largest sums
+    show (inputs at 127 are 255 once shifted to u8)."""
+    return all(
+        bool(
+            extension.int8_sums(
+                torch.full((rows, 512), 127, dtype=torch.int8),
+                extension.int8_pack(torch.full((16, 512), w, dtype=torch.int8)),
+            )
+            .eq(127 * w * 512)
+            .all()
+        )
+        for rows in (1, 5, 27)
+        for w in (127, -127)
+    )
+
+
 def weight_levels() -> int:
-    """The int8 weights' largest magnitude: 127, or 63 where the sums run on fbgemm."""
+    """The int8 weights' largest magnitude: 127, or 63 where the sums run on fbgemm and
+    it would saturate 8-bit weights' pair sums."""
     return _levels(fbgemm_sums())
 
 
 def _levels(extension: ModuleType | None) -> int:
-    return 127 if extension is None else 63
+    return 127 if extension is None or fbgemm_full_bits(extension) else 63
 
 
 @torch.inference_mode()
@@ -139,7 +185,7 @@ def prepare(weight: Tensor, precision: str) -> Quantized:
         scales = weight.abs().amax(1).clamp_min(_TINY).div(_levels(extension))
         q = weight.div(scales[:, None]).round().to(torch.int8)
         packed = None if extension is None else extension.int8_pack(q)
-        return Quantized(precision, q.t().contiguous(), scales, packed)
+        return Quantized(precision, q.t().contiguous(), scales, packed, fbgemm_rows())
     w = weight.to(torch.bfloat16)
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         w = torch.ops.mkldnn._reorder_linear_weight(w, None)
@@ -152,13 +198,13 @@ def int8_product(x: Tensor, copy: Quantized, bias: Tensor | None) -> Tensor:
     the product where its sums run on fbgemm (the extension is built then): its ten torch
     ops cost more in dispatch than the product at a step's few rows."""
     assert copy.scales is not None
-    if copy.fbgemm is not None:
+    rows = x.numel() // x.size(-1)
+    if copy.on_fbgemm(rows):
         from specbeam.search import native  # which imports this module
 
         extension = native.build()
-        assert extension is not None  # it packed copy.fbgemm
+        assert extension is not None and copy.fbgemm is not None
         return extension.int8_product(x, True, copy.fbgemm, copy.scales, bias)
-    rows = x.numel() // x.size(-1)
     x2 = x.reshape(rows, x.size(-1))
     a = x2.abs().amax(1, keepdim=True).clamp_min(_TINY).div(127)
     qx = x2.div(a).round().to(torch.int8)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -82,14 +83,16 @@ def test_stacked_weights_compute_their_rows_alone(precision) -> None:
 
 @torch.inference_mode()
 def test_fbgemm_sums_are_the_exact_integers() -> None:
-    """Weights within ±63 and inputs at ±127 of one sign, the sums that would saturate
-    AVX2's 16-bit pair sums with 8-bit weights: fbgemm gives `_int_mm`'s integers."""
+    """Weights at this CPU's levels (±63 where AVX2's 16-bit pair sums would saturate 8-bit
+    ones) and inputs at ±127 of one sign: fbgemm gives `_int_mm`'s integers."""
     extension = quant.fbgemm_sums()
     if extension is None:
-        pytest.skip("int8 dot products (or no extension) here: the sums run on _int_mm")
+        pytest.skip("no extension (or no AVX2) here: the sums run on _int_mm")
+    levels = quant.weight_levels()
     gen = torch.Generator().manual_seed(0)
-    q = torch.randint(-63, 64, (200, 512), generator=gen, dtype=torch.int8)
-    q[:100, :] = 63
+    q = torch.randint(-levels, levels + 1, (200, 512), generator=gen, dtype=torch.int8)
+    q[:100, :] = levels
+    q[100:120, :] = -levels
     x = torch.randint(-127, 128, (27, 512), generator=gen, dtype=torch.int8)
     x[:5] = 127
     sums = extension.int8_sums(x, extension.int8_pack(q))
@@ -103,10 +106,10 @@ def test_the_extensions_int8_product_is_the_torch_ops_bit_for_bit() -> None:
     sums and scales give the bits of `quant.int8_product`'s torch ops over `_int_mm`."""
     extension = quant.fbgemm_sums()
     if extension is None:
-        pytest.skip("int8 dot products (or no extension) here: the sums run on _int_mm")
+        pytest.skip("no extension (or no AVX2) here: the sums run on _int_mm")
     copy = quant.copy_of(marked_weight("int8", out=200, inp=512))
     assert copy.fbgemm is not None and copy.scales is not None
-    torch_ops = dataclasses.replace(copy, fbgemm=None)
+    torch_ops = dataclasses.replace(copy, fbgemm=None, fbgemm_rows=0)
     x = torch.randn(27, 512) * torch.logspace(-2, 2, 27)[:, None]
     bias = torch.randn(200)
     for b in (bias, None):
@@ -115,23 +118,74 @@ def test_the_extensions_int8_product_is_the_torch_ops_bit_for_bit() -> None:
         assert torch.equal(quant.int8_product(x, copy, b), want)
 
 
+class _Fbgemm:
+    """fbgemm's sums as its AVX2 kernel adds them (`saturate`: each two u8 × s8 products
+    into 16 bits with saturation) or as VNNI does (each into 32 bits)."""
+
+    def __init__(self, saturate: bool) -> None:
+        self.saturate = saturate
+
+    def int8_pack(self, q: torch.Tensor) -> torch.Tensor:
+        return q
+
+    def int8_sums(self, x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        u = x.long() + 128
+        pairs = (u[:, None, :] * q.long()[None]).unflatten(-1, (-1, 2)).sum(-1)
+        if self.saturate:
+            pairs = pairs.clamp(-(2**15), 2**15 - 1)
+        return (pairs.sum(-1) - 128 * q.long().sum(1)).int()
+
+
+@pytest.mark.parametrize("saturate", [True, False])
+def test_the_probe_finds_whether_fbgemm_keeps_8_bit_weights(saturate) -> None:
+    assert quant.fbgemm_full_bits(_Fbgemm(saturate)) is not saturate
+
+
 @pytest.mark.parametrize(
-    ("flags", "levels"), [(["avx2"], 63), (["avx2", "avx512f", "avx512_vnni"], 127)]
-)
+    ("flags", "built", "full_bits", "levels", "fbgemm_rows"),
+    [(["avx2"], True, False, 63, sys.maxsize),
+     (["avx2", "avx512_vnni"], True, True, 127, sys.maxsize),
+     (["avx2", "avx512_vnni", "amx_int8"], True, True, 127, quant.FBGEMM_MAX_ROWS),
+     (["avx2", "avx512_vnni"], False, True, 127, 0), (["avx512f"], True, True, 127, 0)],
+)  # fmt: skip
 @torch.inference_mode()
-def test_int8_weights_keep_7_bits_where_fbgemm_sums(monkeypatch, flags, levels) -> None:
+def test_int8_sums_run_on_fbgemm_up_to_its_rows(
+    monkeypatch, flags, built, full_bits, levels, fbgemm_rows
+) -> None:
+    """fbgemm takes every call where the extension is built on AVX2, except those above
+    `FBGEMM_MAX_ROWS` rows where `_int_mm` has AMX; weights keep 7 bits where its sums
+    would saturate 8-bit ones."""
     from specbeam.search import cpu, native
 
-    if native.build() is None:
+    extension = native.build()
+    if extension is None:
         pytest.skip("no extension here")
     monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(native, "build", lambda: extension if built else None)
+    monkeypatch.setattr(quant, "fbgemm_full_bits", lambda _: full_bits)
     weight = marked_weight("int8", inp=512)
     copy = quant.copy_of(weight)
     assert quant.weight_levels() == levels
     assert int(copy.data.abs().max()) == levels
-    assert (copy.fbgemm is not None) == (levels == 63)
-    kind = onednn.resolve(3, torch.float32, weight, None).kind
-    assert kind == (onednn.INT8_FBGEMM if levels == 63 else onednn.INT8)
+    assert copy.fbgemm_rows == fbgemm_rows and (copy.fbgemm is not None) == (fbgemm_rows > 0)
+    for rows in (1, 5, quant.FBGEMM_MAX_ROWS + 1):
+        kind = onednn.resolve(rows, torch.float32, weight, None).kind
+        assert kind == (onednn.INT8_FBGEMM if rows <= fbgemm_rows else onednn.INT8)
+
+
+@torch.inference_mode()
+def test_a_row_is_the_same_on_either_kernel(monkeypatch) -> None:
+    """Where the kernel changes with the row count, a row alone (on fbgemm) and in a
+    call of 27 (on `_int_mm`) gives the same bits."""
+    if quant.fbgemm_sums() is None:
+        pytest.skip("no extension (or no AVX2) here: the sums run on _int_mm")
+    monkeypatch.setattr(quant, "fbgemm_rows", lambda: 4)
+    weight = marked_weight("int8", out=200, inp=512)
+    x = torch.randn(27, 512) * torch.logspace(-2, 2, 27)[:, None]
+    bias = torch.randn(200)
+    together = quant.product(x, weight, bias)
+    for i in range(27):
+        assert torch.equal(quant.product(x[i : i + 1], weight, bias), together[i : i + 1])
 
 
 def test_marks_fp32_cpu_weights_only() -> None:
