@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from specbeam.apps.decoding import reaching
-from specbeam.integration.models import Draft, LoadedPair
+from specbeam.integration.models import Draft, LoadedPair, cast_draft
 from specbeam.paths import config_file
 from specbeam.search import cpu, onednn, quant
 from specbeam.search.config import MachineSettings
@@ -43,14 +43,13 @@ class HardwareConfig(MachineSettings):
     draft_dtype: str = "float32"
     """Precision of the draft model; exactness does not depend on it (verification runs
     the target's): float32, bfloat16, or int8 (a draft head's products as the target's in
-    `target_dtype=int8`). auto: bfloat16 where the CPU computes it natively
-    (`onednn.bf16_native`); else int8 for a draft head where int8 products run fast
-    (`onednn.int8_native`), else float32."""
+    `target_dtype=int8`). auto: a draft head in the precision `auto_precision` picks
+    here; a draft model in bfloat16 where the CPU computes it natively, else float32."""
     target_dtype: str = "float32"
     """Precision of the target's linear layers (`specbeam.search.quant`; norms, attention
     and softmax stay fp32): float32, bfloat16 (bf16 products, fp32 sums) or int8 (per-row
     and per-channel scales). Exact speculative search reproduces plain beam search on the
-    target in this precision. auto: the precision `auto_target_dtype` picks here."""
+    target in this precision. auto: the precision `auto_precision` picks here."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -84,16 +83,14 @@ class HardwareConfig(MachineSettings):
 
     @property
     def draft_torch_dtype(self) -> torch.dtype:
-        """The dtype the draft is loaded in (an int8 draft: float32, then `place`)."""
-        if self.draft_dtype == "auto":
-            return torch.bfloat16 if onednn.bf16_native() else torch.float32
+        """The dtype the draft is loaded in (int8 and auto: float32, then `place`)."""
         return _DTYPES.get(self.draft_dtype, torch.float32)
 
     @property
     def target_precision(self) -> str:
         """float32, bfloat16 or int8: `target_dtype` with auto resolved, and float32 for a
         precision this CPU only emulates (slower than fp32: `onednn.native`)."""
-        precision = auto_target_dtype() if self.target_dtype == "auto" else self.target_dtype
+        precision = auto_precision() if self.target_dtype == "auto" else self.target_dtype
         return precision if onednn.native(precision) else "float32"
 
     def place(self, pair: LoadedPair) -> LoadedPair:
@@ -127,17 +124,19 @@ class HardwareConfig(MachineSettings):
             pair.draft.to(device=self.device)
             if self.draft_dtype == "int8":
                 self._quantize_draft(pair.draft)
-            elif self.draft_dtype == "auto" and self._auto_int8_draft(pair.draft):
-                pair.draft.quantize("int8")
+            elif self.draft_dtype == "auto":
+                self._place_auto_draft(pair)
         return pair
 
-    def _auto_int8_draft(self, draft: Draft) -> bool:
-        return (
-            isinstance(draft, DraftHead)
-            and self.device == "cpu"
-            and not onednn.bf16_native()
-            and onednn.int8_native()
-        )
+    def _place_auto_draft(self, pair: LoadedPair) -> None:
+        """`draft_dtype=auto` on the float32 draft it loaded."""
+        assert pair.draft is not None
+        head = isinstance(pair.draft, DraftHead)
+        precision = auto_precision() if head and self.device == "cpu" else "float32"
+        if precision == "int8":
+            pair.draft.quantize("int8")
+        elif precision == "bfloat16" or (not head and onednn.bf16_native()):
+            pair.draft = cast_draft(pair.draft, pair.target, torch.bfloat16)
 
     def _quantize_draft(self, draft: Draft) -> None:
         if not isinstance(draft, DraftHead):
@@ -179,11 +178,14 @@ def load_hardware(name: str) -> HardwareConfig:
     return OmegaConf.to_object(merged)
 
 
-def auto_target_dtype() -> str:
-    """`target_dtype=auto`: bfloat16 products where the CPU computes bf16 natively
-    (`onednn.bf16_native`), else int8 where int8 products run fast (`onednn.int8_native`:
-    VNNI, AMX, or fbgemm on AVX2), else float32 (docs/bench.md, "Quantized targets" and
-    "int8 on AVX2", has the measurements behind this rule)."""
+def auto_precision() -> str:
+    """`target_dtype=auto`, and a draft head's `draft_dtype=auto`: int8 where its sums run
+    on fbgemm (`quant.fbgemm_sums`), else bfloat16 where the CPU computes bf16 natively,
+    else int8 where int8 products run fast (`onednn.int8_native`), else float32
+    (docs/bench.md, "Figures behind design choices", has the measurements behind this
+    rule)."""
+    if quant.fbgemm_sums() is not None:
+        return "int8"
     if onednn.bf16_native():
         return "bfloat16"
     return "int8" if onednn.int8_native() else "float32"

@@ -12,11 +12,10 @@ from specbeam.search import native as nativelib
 from specbeam.search.head import DraftHead, HeadArch
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_auto_draft_dtype_is_bfloat16_only_where_the_cpu_computes_it(monkeypatch, native) -> None:
-    monkeypatch.setattr(onednn, "bf16_native", lambda: native)
-    expected = torch.bfloat16 if native else torch.float32
-    assert HardwareConfig(draft_dtype="auto").draft_torch_dtype == expected
+def test_drafts_load_in_float32_but_for_an_explicit_bfloat16() -> None:
+    """auto chooses once the draft is loaded (`place`): an int8 head quantizes fp32 weights."""
+    assert HardwareConfig(draft_dtype="auto").draft_torch_dtype == torch.float32
+    assert HardwareConfig(draft_dtype="int8").draft_torch_dtype == torch.float32
     assert HardwareConfig(draft_dtype="float32").draft_torch_dtype == torch.float32
     assert HardwareConfig(draft_dtype="bfloat16").draft_torch_dtype == torch.bfloat16
 
@@ -38,11 +37,16 @@ def test_unknown_dtype_names_the_setting_and_what_is_allowed() -> None:
         HardwareConfig(target_dtype="float16").apply()
 
 
-@pytest.mark.parametrize(
-    ("bf16", "int8", "auto"),
-    [(True, True, "bfloat16"), (False, True, "int8"), (False, False, "float32")],
-)
-def test_auto_target_dtype_follows_the_cpu(monkeypatch, bf16, int8, auto) -> None:
+AUTO_CASES = [
+    (True, True, True, "int8"), (True, False, True, "int8"), (False, True, True, "bfloat16"),
+    (False, False, True, "int8"), (False, False, False, "float32"),
+]  # fmt: skip
+"""fbgemm built, native bf16, int8 native -> auto's precision."""
+
+
+@pytest.mark.parametrize(("fbgemm", "bf16", "int8", "auto"), AUTO_CASES)
+def test_auto_target_dtype_follows_the_cpu(monkeypatch, fbgemm, bf16, int8, auto) -> None:
+    monkeypatch.setattr(quant, "fbgemm_sums", lambda: object() if fbgemm else None)
     monkeypatch.setattr(onednn, "bf16_native", lambda: bf16)
     monkeypatch.setattr(onednn, "int8_native", lambda: int8)
     assert HardwareConfig(target_dtype="auto").target_precision == auto
@@ -78,14 +82,28 @@ def test_an_int8_draft_head_is_quantized_and_the_target_is_not(monkeypatch, tiny
     HardwareConfig(draft_dtype="int8").place(pair)
     assert quant.precision_of(pair.draft.feature_proj.weight) == "int8"
     assert all(quant.precision_of(p) is None for p in target.parameters())
-    for bf16, quantized in ((True, None), (False, "int8")):  # auto: bf16 drafts by cast
-        monkeypatch.setattr(onednn, "bf16_native", lambda bf16=bf16: bf16)
-        pair.draft = DraftHead(target, HeadArch())
-        HardwareConfig(draft_dtype="auto").place(pair)
-        assert quant.precision_of(pair.draft.feature_proj.weight) == quantized
     model = LoadedPair(tokenizer=None, target=target, draft=copy.deepcopy(tiny_target))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="^hardware.draft_dtype=int8 runs a draft head, not a draft model$"):  # fmt: skip
         HardwareConfig(draft_dtype="int8").place(model)
+
+
+@pytest.mark.parametrize(("fbgemm", "bf16", "int8", "auto"), AUTO_CASES)
+def test_auto_drafts_a_head_in_autos_precision_and_a_model_in_bf16_where_native(
+    monkeypatch, tiny_target, fbgemm, bf16, int8, auto
+) -> None:
+    monkeypatch.setattr(quant, "fbgemm_sums", lambda: object() if fbgemm else None)
+    monkeypatch.setattr(onednn, "bf16_native", lambda: bf16)
+    monkeypatch.setattr(onednn, "int8_native", lambda: int8)
+    target = copy.deepcopy(tiny_target)
+    pair = LoadedPair(tokenizer=None, target=target, draft=DraftHead(target, HeadArch()))  # type: ignore[arg-type]
+    HardwareConfig(draft_dtype="auto").place(pair)
+    weight = pair.draft.feature_proj.weight
+    assert quant.precision_of(weight) == (auto if auto == "int8" else None)
+    assert weight.dtype == (torch.bfloat16 if auto == "bfloat16" else torch.float32)
+    assert all(p.dtype == torch.float32 and quant.precision_of(p) is None for p in target.parameters())  # fmt: skip
+    pair.draft = copy.deepcopy(tiny_target)
+    HardwareConfig(draft_dtype="auto").place(pair)
+    assert pair.draft.decoder.layers[0].ffn.inner_proj.weight.dtype == (torch.bfloat16 if bf16 else torch.float32)  # fmt: skip
 
 
 @pytest.mark.parametrize(
