@@ -20,7 +20,7 @@ from typing import TextIO
 
 
 class UnreadableInput(ValueError):
-    """A line that is not UTF-8 (with input_errors=strict); `lines` are the ones before it,
+    """A line that is not UTF-8 text (with input_errors=strict); `lines` are the ones before it,
     which a job translates and writes before it stops, and `count` all the input's lines."""
 
     def __init__(self, message: str, lines: list[str], count: int | None = None) -> None:
@@ -40,7 +40,8 @@ def read_input(path: str) -> bytes:
 def split_lines(data: bytes, path: str, errors: str = "strict") -> list[str]:
     """The lines of file `path`'s bytes, separated by '\\n' only (a stray '\\r' or U+2028
     does not split a line), so the output has exactly one line per input line; a leading
-    byte order mark is not text. Invalid UTF-8 names its line (`UnreadableInput`)."""
+    byte order mark is not text. Invalid UTF-8 or a NUL byte names its line
+    (`UnreadableInput`)."""
     _check_errors(errors)
     lines = data.split(b"\n")
     if lines[-1] == b"":
@@ -120,6 +121,18 @@ def _decode(line: bytes, path: str, number: int, errors: str, start: int | None 
             "set input_errors=replace to translate it with U+FFFD in place",
             [],
         ) from None
+    if "\0" in text:  # valid UTF-8, but no text has it: UTF-16 without a BOM, a binary file
+        if errors == "replace":
+            text = text.replace("\0", "\ufffd")
+        else:
+            at = line.index(b"\0")
+            where = "" if start is None else f" (byte {start + at} of the file)"
+            raise UnreadableInput(
+                f"{path}:{number}: a NUL byte at byte {at} of the line{where}, which no text "
+                "has (UTF-16? convert the input to UTF-8); set input_errors=replace to "
+                "translate it with U+FFFD in place",
+                [],
+            )
     return text.removesuffix("\r")
 
 

@@ -50,6 +50,28 @@ def test_invalid_utf8_keeps_the_lines_before_it(tmp_path) -> None:
     assert error.value.lines == ["ok", "fine"] and error.value.count == 4
 
 
+def test_a_nul_byte_names_its_line_and_keeps_the_lines_before_it(tmp_path) -> None:
+    """Valid UTF-8, but no text has one: UTF-16 read as UTF-8 is full of them."""
+    path = tmp_path / "utf16.txt"
+    path.write_bytes(b"ok\n" + "Hola.\n".encode("utf-16-le"))
+    with pytest.raises(UnreadableInput, match=r"^.*utf16.txt:2: a NUL byte at byte 1 of the line \(byte 4 of the file\), which no text has \(UTF-16\? convert the input to UTF-8\); set input_errors=replace") as error:  # fmt: skip
+        read_lines(str(path))
+    assert error.value.lines == ["ok"] and error.value.count == 3  # UTF-16's '\n' is "\n\0"
+    replaced = ["ok", "H\ufffdo\ufffdl\ufffda\ufffd.\ufffd", "\ufffd"]
+    assert read_lines(str(path), errors="replace") == replaced
+
+
+def test_a_nul_byte_on_stdin_names_its_line() -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"ok\na\x00b\n")
+    os.close(write_end)
+    lines = stream_lines(read_end, "strict", max_lines=10)
+    assert next(lines) == ["ok"]
+    with pytest.raises(ValueError, match=r"^<stdin>:2: a NUL byte at byte 1 of the line, which"):
+        next(lines)
+    os.close(read_end)
+
+
 def test_a_leading_byte_order_mark_is_not_text(tmp_path) -> None:
     path = tmp_path / "bom.txt"
     path.write_bytes("\ufeffHola.\n\ufeffY\n".encode())
