@@ -23,6 +23,7 @@ costs tens of microseconds per call beside its kernel, and such a call is little
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -76,6 +77,10 @@ MIN_PACKED_ROWS = 4
 """Below this, MKL's packed GEMM loses to its plain one (on the Intel CPU measured: `docs/bench.md`)."""
 MAX_FEW_ROWS = 8
 """Rows up to which fp32 products run on the extension's own product (`csrc/few_rows.cpp`)."""
+AVX512_FEW_ROWS_INPUTS = 2560
+"""Where the CPU has AVX-512, oneDNN's kernels win from fewer rows: the own product takes
+a product while its rows' inputs (rows × in) stay within five rows of 512 (`docs/bench.md`,
+"Figures behind design choices")."""
 _MKL = torch.backends.mkl.is_available()  # a build-time property, read once
 
 
@@ -224,11 +229,19 @@ def _native() -> ModuleType:
     return native
 
 
+@functools.cache
+def _avx512() -> bool:
+    from specbeam.search import cpu
+
+    return "avx512f" in cpu.cpu_flags()
+
+
 def _own_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether the extension's few-row product runs this fp32 product (`MAX_FEW_ROWS`):
-    where the extension is in use (`native.module`)."""
+    """Whether the extension's few-row product runs this fp32 product (`MAX_FEW_ROWS`,
+    `AVX512_FEW_ROWS_INPUTS`): where the extension is in use (`native.module`)."""
     return (
         rows <= MAX_FEW_ROWS
+        and (rows * weight.size(1) <= AVX512_FEW_ROWS_INPUTS or not _avx512())
         and weight.dtype == torch.float32
         and weight.is_contiguous()
         and weight.size(1) % 8 == 0

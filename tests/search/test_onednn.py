@@ -256,6 +256,22 @@ def test_few_rows_run_the_extensions_product_a_row_alone(with_bias, use_runtime)
     assert torch.equal(linear(x, w, bias).flatten(0, 1), linear(x.flatten(0, 1), w, bias))
 
 
+@pytest.mark.parametrize("avx512", [True, False])
+@torch.inference_mode()
+def test_on_avx512_few_rows_take_only_products_of_few_inputs(monkeypatch, use_runtime, avx512):
+    """On AVX-512 oneDNN wins once rows × in exceeds `AVX512_FEW_ROWS_INPUTS` (a
+    feed-forward output's 2048 inputs from 2 rows); on AVX2 the own product takes up to
+    `MAX_FEW_ROWS` rows of any width."""
+    _extension_in_use(use_runtime)
+    monkeypatch.setattr(onednn, "_avx512", lambda: avx512)
+    wide, _ = weights(out=16, inp=2048)
+    for n in range(1, onednn.MAX_FEW_ROWS + 1):
+        own = not avx512 or n * 2048 <= onednn.AVX512_FEW_ROWS_INPUTS
+        assert onednn.resolve(n, torch.float32, wide, None).kind == (onednn.FEW_ROWS if own else onednn.ONEDNN)  # fmt: skip
+    narrow, _ = weights(out=16, inp=512)
+    assert onednn.resolve(5, torch.float32, narrow, None).kind == onednn.FEW_ROWS
+
+
 def test_packings_live_as_long_as_their_weight():
     """Kept by id, so a dead weight's entry must go with it, and a new tensor never
     finds another's packing."""
