@@ -90,7 +90,8 @@ class TranslateConfig(PipelineConfig):
     `<output>.shard-i-of-n` (and `<stats_file>.shard-i-of-n`), so that one command swept
     over shards writes distinct files; `python -m specbeam.merge_shards` joins them."""
     input_errors: str = "strict"
-    """Invalid UTF-8 in the input: strict (stop, naming the line) or replace (U+FFFD)."""
+    """Invalid UTF-8 or a NUL byte in the input: strict (stop, naming the line) or replace
+    (U+FFFD)."""
     compare: str | None = None
     """A decoding (e.g. beam, or "compare='beam:beam_size=4'" quoted so, as Hydra's grammar
     needs) to time against this one afterwards on the same lines (the
