@@ -115,25 +115,28 @@ def _decode(line: bytes, path: str, number: int, errors: str, start: int | None 
     try:
         text = line.decode("utf-8", errors=errors)
     except UnicodeDecodeError as error:
-        where = "" if start is None else f" (byte {start + error.start} of the file)"
-        raise UnreadableInput(
-            f"{path}:{number}: invalid UTF-8 at byte {error.start} of the line{where}; "
-            "set input_errors=replace to translate it with U+FFFD in place",
-            [],
-        ) from None
+        raise _unreadable(path, number, "invalid UTF-8", error.start, start) from None
     if "\0" in text:  # valid UTF-8, but no text has it: UTF-16 without a BOM, a binary file
-        if errors == "replace":
-            text = text.replace("\0", "\ufffd")
-        else:
-            at = line.index(b"\0")
-            where = "" if start is None else f" (byte {start + at} of the file)"
-            raise UnreadableInput(
-                f"{path}:{number}: a NUL byte at byte {at} of the line{where}, which no text "
-                "has (UTF-16? convert the input to UTF-8); set input_errors=replace to "
-                "translate it with U+FFFD in place",
-                [],
-            )
+        if errors != "replace":
+            raise _unreadable(
+                path, number, "a NUL byte", line.index(b"\0"), start,
+                ", which no text has (UTF-16? convert the input to UTF-8)",
+            )  # fmt: skip
+        text = text.replace("\0", "\ufffd")
     return text.removesuffix("\r")
+
+
+def _unreadable(
+    path: str, number: int, problem: str, at: int, start: int | None, why: str = ""
+) -> UnreadableInput:
+    """`problem` at byte `at` of line `number`, which starts at byte `start` of the file
+    (None: a stream)."""
+    where = "" if start is None else f" (byte {start + at} of the file)"
+    return UnreadableInput(
+        f"{path}:{number}: {problem} at byte {at} of the line{where}{why}; "
+        "set input_errors=replace to translate it with U+FFFD in place",
+        [],
+    )
 
 
 class ResumableOutput:
