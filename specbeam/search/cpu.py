@@ -5,6 +5,8 @@ can name the CPU without loading it."""
 
 from __future__ import annotations
 
+import functools
+
 _KERNEL_FLAGS = (
     "avx2",
     "avx512f",
@@ -20,12 +22,19 @@ _KERNEL_FLAGS = (
 def cpu_info(field: str) -> str:
     """A field of the first CPU in /proc/cpuinfo (`vendor_id`, `flags`); empty where
     there is none."""
+    line = next((x for x in _cpuinfo().splitlines() if x.split(":")[0].strip() == field), "")
+    return line.partition(":")[2].strip()
+
+
+@functools.cache
+def _cpuinfo() -> str:
+    """The first CPU's lines of /proc/cpuinfo, read once: the precision and kernel choices
+    ask for its flags once per weight (a read costs tens of microseconds)."""
     try:
         with open("/proc/cpuinfo") as info:
-            line = next((x for x in info if x.split(":")[0].strip() == field), "")
+            return info.read().split("\n\n", 1)[0]
     except OSError:
         return ""
-    return line.partition(":")[2].strip()
 
 
 def cpu_flags() -> list[str]:
