@@ -40,15 +40,19 @@ from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
-from specbeam.apps.calibrate import Calibration, CountingGenerator, measure_call_costs
+from specbeam.apps.calibrate import (
+    Calibration,
+    CountingGenerator,
+    ceiling_table,
+    measure_call_costs,
+)
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.integration.hub import is_path
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.search.cpu import cpu_kind
-from specbeam.search.draft import DraftShape
-from specbeam.search.planner import LinearCost, PassShape, PlanCosts
+from specbeam.search.planner import LinearCost, PassShape
 from specbeam.search.runtime import Runtime
 
 matplotlib.use("Agg")
@@ -234,44 +238,6 @@ def cost_record(cal: Calibration, beam_size: int) -> dict[str, object]:
     }  # fmt: skip
 
 
-CEILING_TREES: tuple[tuple[int, int], ...] = ((2, 10), (3, 10), (4, 5), (6, 5), (8, 5))
-"""(γ, width) of the trees priced with a perfect draft; width = beam size suffices then."""
-
-
-def ceiling_table(costs: PlanCosts, seen: PassShape, fairseq2_step_ms: float, k: int) -> str:
-    """The run's own pass shape and trees whose every level holds the target's beam (a
-    pass advances γ + 1 steps), priced at batch 1 as the planner prices them: the cost
-    model's ceiling for speculation on this machine."""
-    rows = [("today, measured τ", seen)]
-    rows += [
-        (f"γ {g}, width {w}, perfect draft", PassShape.perfect(DraftShape(beam_size=k, depth=g, width=w)))
-        for g, w in CEILING_TREES
-    ]  # fmt: skip
-    plain = costs.plain_ms(k)
-    lines = [
-        f"lean plain step {plain:.2f} ms, fairseq2's beam step {fairseq2_step_ms:.2f} ms, "
-        f"{costs.accept_ms:.2f} ms per pass beside the calls",
-        "",
-        "| tree | verified tokens | draft calls | pass ms | τ | ms per step | vs lean plain | vs fairseq2 |",
-        "|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
-    for name, shape in rows:
-        ms = costs.pass_ms(True, k, 1, shape)
-        lines.append(
-            f"| {name} | {shape.slots:.1f} | {shape.draft_calls:.2f} | {ms:.1f} | {shape.tau:.2f} "
-            f"| {ms / shape.tau:.2f} | {costs.speedup(k, shape):.2f}× "
-            f"| {fairseq2_step_ms * shape.tau / ms:.2f}× |"
-        )
-    seen_ms = costs.pass_ms(True, k, 1, seen)
-    lines += [
-        "",
-        f"At the run's tree shape a pass costs {seen_ms:.1f} ms: τ {seen_ms / plain:.2f} breaks "
-        f"even with lean plain search, τ {1.5 * seen_ms / fairseq2_step_ms:.2f} gives 1.5× "
-        "fairseq2's beam search.",
-    ]
-    return "\n".join(lines)
-
-
 def breakdown_table(rows: dict[str, dict[str, float]]) -> str:
     names = list(rows)
     keys = list(next(iter(rows.values())))
@@ -432,7 +398,7 @@ def bench(cfg: EvaluateConfig, settings: BenchSettings, out: Path) -> tuple[list
         "fairseq2 target modules": pass_breakdown(single["spec_beam_fairseq2_target"], cost.target),
         "lean target": pass_breakdown(always, cost.target),
     }
-    ceiling = ceiling_table(cost, profile, fitted.fairseq2_step_ms, k)
+    ceiling = ceiling_table(cost, k, fitted.fairseq2_step_ms, ("today, measured τ", profile))
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.md").write_text(
         f"`lscpu`: {cpu_kind()}, {cfg.hardware.threads} threads, {len(sources)} test sentences\n\n"

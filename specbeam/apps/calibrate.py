@@ -15,6 +15,8 @@ against specbeam's plain search, which the planner falls back to. The cell with 
 measured speedup (every cell and both plain searches decode the same sentences,
 interleaved) is written as `tuned` settings of a hardware config, with the planner's
 `costs`; the prediction is printed beside it to show why, and where the cost model is off.
+Last comes the ceiling: trees a perfect draft would fill, priced with the same costs, and
+the τ each needs to break even, against the best cell's.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.paths import SHIPPED, shipped, user_config_dir, user_path
 from specbeam.plural import counted
+from specbeam.search.draft import DraftShape
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.runtime import Runtime
 from specbeam.search.slots import SlotTable
@@ -256,6 +259,7 @@ class GridRow:
     shape: PassShape
     accept_ms: float  # acceptance and cache commits per pass, measured
     beside_ms: float  # per pass, beyond the calls
+    break_even_tau: float  # the τ at which this cell's passes would match plain search
     predicted: float  # over specbeam's plain search, by the cost model
     measured: float  # specbeam's plain search's seconds ÷ this setting's (same sentences)
     vs_fairseq2: float  # fairseq2's beam search's seconds ÷ this setting's
@@ -320,12 +324,54 @@ def run_grid(
         s = run.stats
         shape = PassShape.of(s)
         accept_ms = 1000 * (s.seconds["accept"] + s.seconds["commit"]) / max(s.source_passes, 1)
+        beside_ms = beside_calls_ms(c.target, c.draft, run.total_seconds, s)
+        break_even = c.pass_ms(True, k, 1, shape) / c.plain_ms(k)
         rows.append(GridRow(
-            gamma, width, shape, accept_ms, beside_calls_ms(c.target, c.draft, run.total_seconds, s),
-            c.speedup(k, shape), lean.total_seconds / run.total_seconds,
-            baseline.total_seconds / run.total_seconds,
+            gamma, width, shape, accept_ms, beside_ms, break_even, c.speedup(k, shape),
+            lean.total_seconds / run.total_seconds, baseline.total_seconds / run.total_seconds,
         ))  # fmt: skip
     return cal, rows
+
+
+CEILING_DEPTHS: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+"""γ of the trees priced with a perfect draft, each beam_size wide: all such a draft needs."""
+
+
+def ceiling_table(
+    costs: PlanCosts, k: int, fairseq2_step_ms: float, seen: tuple[str, PassShape]
+) -> str:
+    """A measured pass shape (`seen`: its name and shape) and trees whose every level holds
+    the target's beam (a pass advances γ + 1 steps), priced at batch 1 as the planner
+    prices them: the cost model's ceiling for exact speculation on this machine, and the τ
+    each tree needs to break even with plain search."""
+    rows = [seen]
+    rows += [
+        (f"γ {g}, width {k}, perfect draft", PassShape.perfect(DraftShape(beam_size=k, depth=g, width=k)))
+        for g in CEILING_DEPTHS
+    ]  # fmt: skip
+    plain = costs.plain_ms(k)
+    lines = [
+        f"lean plain step {plain:.2f} ms, fairseq2's beam step {fairseq2_step_ms:.2f} ms, "
+        f"{costs.accept_ms:.2f} ms per pass beside the calls",
+        "",
+        "| tree | verified tokens | draft calls | pass ms | τ | breaks even at τ | ms per step | vs lean plain | vs fairseq2 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for name, shape in rows:
+        ms = costs.pass_ms(True, k, 1, shape)
+        lines.append(
+            f"| {name} | {shape.slots:.1f} | {shape.draft_calls:.2f} | {ms:.1f} | {shape.tau:.2f} "
+            f"| {ms / plain:.2f} | {ms / shape.tau:.2f} | {costs.speedup(k, shape):.2f}× "
+            f"| {fairseq2_step_ms * shape.tau / ms:.2f}× |"
+        )
+    seen_ms = costs.pass_ms(True, k, 1, seen[1])
+    lines += [
+        "",
+        f"At the measured tree shape a pass costs {seen_ms:.1f} ms: τ {seen_ms / plain:.2f} breaks "
+        f"even with lean plain search, τ {1.5 * seen_ms / fairseq2_step_ms:.2f} gives 1.5× "
+        "fairseq2's beam search.",
+    ]
+    return "\n".join(lines)
 
 
 def describe(cal: Calibration, hardware: HardwareConfig, beam_size: int) -> str:
@@ -348,15 +394,15 @@ def describe(cal: Calibration, hardware: HardwareConfig, beam_size: int) -> str:
 
 def grid_table(rows: list[GridRow]) -> str:
     head = (
-        "| γ | width | τ | slots/pass | draft calls/pass | accept ms/pass | beside ms/pass "
-        "| predicted | measured | vs fairseq2 |"
+        "| γ | width | τ | breaks even at τ | slots/pass | draft calls/pass | accept ms/pass "
+        "| beside ms/pass | predicted | measured | vs fairseq2 |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         p = r.shape
         lines.append(
-            f"| {r.gamma} | {r.draft_width} | {p.tau:.2f} | {p.slots:.1f} | {p.draft_calls:.1f} | "
-            f"{r.accept_ms:.2f} | {r.beside_ms:.2f} | {r.predicted:.2f}× | {r.measured:.2f}× "
+            f"| {r.gamma} | {r.draft_width} | {p.tau:.2f} | {r.break_even_tau:.2f} | "
+            f"{p.slots:.1f} | {p.draft_calls:.1f} | {r.accept_ms:.2f} | {r.beside_ms:.2f} | {r.predicted:.2f}× | {r.measured:.2f}× "
             f"| {r.vs_fairseq2:.2f}× |"
         )
     return "\n".join(lines)
@@ -482,8 +528,16 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     print(
         f"\nbest measured: gamma={best.gamma} draft_width={best.draft_width} "
         f"({best.measured:.2f}× specbeam's plain search, predicted {best.predicted:.2f}×; "
-        f"{best.vs_fairseq2:.2f}× fairseq2's)\n"
-        f"wrote {path} (use: {usage(path)})\n"
+        f"{best.vs_fairseq2:.2f}× fairseq2's)"
+    )
+    seen = (f"γ {best.gamma}, width {best.draft_width}, measured", best.shape)
+    k = decoding.beam_size
+    print(
+        "\nThe ceiling: a perfect draft's trees priced with these costs (predicted):\n\n"
+        + ceiling_table(cal.costs, k, cal.fairseq2_step_ms, seen)
+    )
+    print(
+        f"\nwrote {path} (use: {usage(path)})\n"
         f"peak resident memory: {peak_rss_mb():.0f} MiB (this process: the pair, its packed "
         "weights and every search above)"
     )

@@ -16,6 +16,7 @@ from specbeam.apps.calibrate import (
     CallTimer,
     GridRow,
     calibrate,
+    ceiling_table,
     never_accepted,
     usage,
     write_hardware,
@@ -60,6 +61,8 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys, monkeypat
     assert printed.count("| 2 | 5 |") + printed.count("| 5 | 6 |") == 2
     assert path.read_text().startswith("# Written by `python -m specbeam.calibrate`")
     assert "beside the calls" in printed and "| beside ms/pass |" in printed
+    assert "| breaks even at τ |" in printed and "The ceiling: a perfect draft's trees" in printed
+    assert "| γ 8, width 5, perfect draft |" in printed
     peak = re.search(r"peak resident memory: (\d+) MiB", printed)
     assert peak is not None and int(peak.group(1)) > 100  # torch and fairseq2 alone take more
 
@@ -160,7 +163,7 @@ def test_costs_are_written_with_no_negative_work_beside_the_calls(
     cfg = compose_config("calibrate", [f"hardware_dir={tmp_path}", "name=cal"])
     plan = PlanCosts(LinearCost(10.0, 1.5), LinearCost(3.0, 0.4), beside_ms, plain_step_ms=2.5)
     shape = PassShape(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0)
-    best = GridRow(2, 10, shape, 3.0, beside_ms, 0.6, 0.65, 1.9)
+    best = GridRow(2, 10, shape, 3.0, beside_ms, 2.5, 0.6, 0.65, 1.9)
     path = write_hardware(
         cfg, "spec_beam", 5, best, Calibration(plan, {}, fairseq2_step_ms=48.0), [1, 4]
     )
@@ -197,10 +200,32 @@ def test_a_draft_the_target_never_takes_is_named() -> None:
     """An untrained head or one of another target: every cell's τ is about 1."""
 
     def row(tau: float) -> GridRow:
-        return GridRow(2, 5, PassShape(tau=tau), 0.5, 0.5, 0.4, 0.3, 0.3)
+        return GridRow(2, 5, PassShape(tau=tau), 0.5, 0.5, 2.0, 0.4, 0.3, 0.3)
 
     assert never_accepted([row(1.0), row(1.02)]) == (
         "the target took almost none of the draft's tokens (τ ≤ 1.02 at every γ and width): "
         "the draft is untrained or made for another target, and the planner will run plain search"
     )
     assert never_accepted([row(1.0), row(1.6)]) is None
+
+
+def test_ceiling_prices_a_perfect_draft_as_the_planner_does() -> None:
+    """Target 10 + 0.2·T ms, draft calls 2 ms, 4 ms per pass beside the calls, a plain
+    step 12 ms: a perfect γ 4 / width 5 tree verifies 25 tokens with 4 draft calls
+    (27 ms) for τ 5, and breaks even at τ 27 / 12."""
+    costs = PlanCosts(LinearCost(10.0, 0.2), LinearCost(2.0, 0.0), 4.0, plain_step_ms=1.0)
+    seen = PassShape(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0)
+    out = ceiling_table(costs, 5, fairseq2_step_ms=13.2, seen=("γ 2, width 10, measured", seen))
+    assert "lean plain step 12.00 ms, fairseq2's beam step 13.20 ms, 4.00 ms" in out
+    rows = {line.split(" | ")[0][2:]: line for line in out.splitlines() if line.startswith("| γ")}
+    assert rows["γ 2, width 10, measured"] == (
+        "| γ 2, width 10, measured | 25.0 | 2.00 | 23.0 | 2.00 | 1.92 | 11.50 | 1.04× | 1.15× |"
+    )
+    assert rows["γ 4, width 5, perfect draft"] == (
+        "| γ 4, width 5, perfect draft | 25.0 | 4.00 | 27.0 | 5.00 | 2.25 | 5.40 | 2.22× | 2.44× |"
+    )
+    assert rows["γ 1, width 5, perfect draft"] == (
+        "| γ 1, width 5, perfect draft | 10.0 | 1.00 | 18.0 | 2.00 | 1.50 | 9.00 | 1.33× | 1.47× |"
+    )
+    assert len(rows) == 1 + 6
+    assert "τ 1.92 breaks even with lean plain search, τ 2.61 gives 1.5×" in out
