@@ -220,6 +220,7 @@ def translate(cfg: TranslateConfig) -> None:
     if stats is not None:
         check_stats_resume(stats, out)
         stats.truncate_to(out.done)
+    resumed_after = out.done
     if out.done or out.ahead:
         later = f" ({counted(len(out.ahead), 'later line')} finished too)" if out.ahead else ""
         print(f"resuming {output} after line {out.done}{later}", file=sys.stderr)
@@ -281,7 +282,7 @@ def translate(cfg: TranslateConfig) -> None:
     if stats is not None:
         stats.finish()
     if split_records:
-        warn_split(split_records, cfg.split_above_tokens)
+        warn_split(split_records, cfg.split_above_tokens, resumed_after)
     if cfg.compare:
         nonblank = [t for t in translated if t.strip()]
         pieces = [p for t in nonblank for p in splitter(t).pieces]
@@ -381,18 +382,22 @@ def _skip(chunks: Iterable[list[str]], count: int) -> Iterator[list[str]]:
             yield chunk
 
 
-def warn_split(records: list[dict], limit: int, named: int = 20) -> None:
-    """One warning per job naming the lines that were split (the stats file has each)."""
+def warn_split(records: list[dict], limit: int, resumed_after: int = 0, named: int = 20) -> None:
+    """One warning per job naming the lines that were split (the stats file has each). A
+    resumed run names those of its own part: the lines before it were split, and named,
+    by the run that wrote them."""
     flag = {True: ", cut without a boundary", False: ""}
     names = [
         f"{r['line']} ({r['pieces']} pieces{flag[r['cut_without_boundary']]})"
         for r in records[:named]
     ]
     more = f" and {len(records) - named} more" if len(records) > named else ""
+    part = f" after line {resumed_after} (this run's part)" if resumed_after else ""
     log.warning(
-        "split %s longer than %d source tokens and joined their pieces' translations: %s %s%s",
+        "split %s longer than %d source tokens%s and joined their pieces' translations: %s %s%s",
         counted(len(records), "line"),
         limit,
+        part,
         "line" if len(records) == 1 else "lines",
         ", ".join(names),
         more,

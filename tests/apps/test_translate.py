@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import queue
 import re
@@ -25,7 +26,7 @@ from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.inference import encodable
 from specbeam.apps.merge_shards import main as merge_shards
 from specbeam.apps.split import Splitter, join
-from specbeam.apps.translate import TranslateConfig, translate, translate_chunk
+from specbeam.apps.translate import TranslateConfig, translate, translate_chunk, warn_split
 from specbeam.integration.models import ModelPairConfig, build_model
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 
@@ -817,3 +818,23 @@ def test_a_multirun_to_stdout_writes_translations_only(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     assert "[HYDRA]" not in result.stdout and "Launching 2 jobs locally" in result.stderr
     assert len(result.stdout.splitlines()) == 2  # a line from each job
+
+
+def test_a_resumed_run_names_the_split_lines_of_its_own_part(caplog) -> None:
+    """The lines before a resume were split, and named, by the run that wrote them."""
+    records = [
+        {"line": 7, "pieces": 3, "cut_without_boundary": False},
+        {"line": 9, "pieces": 2, "cut_without_boundary": True},
+    ]
+    with caplog.at_level(logging.WARNING, logger="specbeam.translate"):
+        warn_split(records, 50)
+        warn_split(records[:1], 50, resumed_after=5)
+    whole, resumed = (r.getMessage() for r in caplog.records)
+    assert whole == (
+        "split 2 lines longer than 50 source tokens and joined their pieces' translations: "
+        "lines 7 (3 pieces), 9 (2 pieces, cut without a boundary)"
+    )
+    assert resumed == (
+        "split 1 line longer than 50 source tokens after line 5 (this run's part) and joined "
+        "their pieces' translations: line 7 (3 pieces)"
+    )
