@@ -365,13 +365,23 @@ def ceiling_table(
             f"| {fairseq2_step_ms * shape.tau / ms:.2f}× |"
         )
     seen_ms = costs.pass_ms(True, k, 1, seen[1])
+    even = _needed(seen_ms / plain, plain / seen_ms, "even with lean plain search", "breaks")
+    faster = _needed(
+        1.5 * seen_ms / fairseq2_step_ms, fairseq2_step_ms / seen_ms, "fairseq2's beam search"
+    )
     lines += [
         "",
-        f"At the measured tree shape a pass costs {seen_ms:.1f} ms: τ {seen_ms / plain:.2f} breaks "
-        f"even with lean plain search, τ {1.5 * seen_ms / fairseq2_step_ms:.2f} gives 1.5× "
-        "fairseq2's beam search.",
+        f"At the measured tree shape a pass costs {seen_ms:.1f} ms: {even}, {faster}.",
     ]
     return "\n".join(lines)
+
+
+def _needed(tau: float, at_one: float, against: str, verb: str = "gives 1.5×") -> str:
+    """The τ a goal needs; a pass advances at least one step, so below 1 every τ meets it
+    (`at_one`: the ratio one step a pass already gives)."""
+    if tau > 1:
+        return f"τ {tau:.2f} {verb} {against}"
+    return f"τ 1 already gives {at_one:.2f}× {against.removeprefix('even with ')}"
 
 
 def describe(cal: Calibration, hardware: HardwareConfig, beam_size: int) -> str:
@@ -384,11 +394,11 @@ def describe(cal: Calibration, hardware: HardwareConfig, beam_size: int) -> str:
     draft = f"{cost.draft.a:.2f} + {cost.draft.b:.3f}·T"
     return (
         f"cost model (threads={hardware.threads}; ms per call over T query slots):\n"
-        f"  {f'verify (target, {hardware.target_precision})':<24}{verify:<18}measured T: ms = {measured['target']}\n"
-        f"  {f'draft ({hardware.draft_dtype})':<24}{draft:<18}measured T: ms = {measured['draft']}\n"
-        f"  {f'plain beam {beam_size} step':<24}{cal.fairseq2_step_ms:.2f} fairseq2, "
+        f"  {f'verify (target, {hardware.target_precision})':<27}{verify:<18}measured T: ms = {measured['target']}\n"
+        f"  {f'draft ({hardware.draft_dtype})':<27}{draft:<18}measured T: ms = {measured['draft']}\n"
+        f"  {f'plain beam {beam_size} step':<27}{cal.fairseq2_step_ms:.2f} fairseq2, "
         f"{cost.plain_ms(beam_size):.2f} specbeam (lean), per target decoder call\n"
-        f"  {'beside the calls':<24}{cost.accept_ms:.2f} per speculative pass (median of the grid)"
+        f"  {'beside the calls':<27}{cost.accept_ms:.2f} per speculative pass (median of the grid)"
     )
 
 

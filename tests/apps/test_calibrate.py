@@ -229,3 +229,6 @@ def test_ceiling_prices_a_perfect_draft_as_the_planner_does() -> None:
     )
     assert len(rows) == 1 + 6
     assert "τ 1.92 breaks even with lean plain search, τ 2.61 gives 1.5×" in out
+    # Against a slow baseline a pass of one step is already fast enough: no τ below 1.
+    slow = ceiling_table(costs, 5, fairseq2_step_ms=40.0, seen=("γ 2, width 10, measured", seen))
+    assert "τ 1.92 breaks even with lean plain search, τ 1 already gives 1.74× fairseq2's" in slow
