@@ -156,6 +156,8 @@ class ResumableOutput:
         self.stream: TextIO
         self.done = 0
         self.ahead: dict[int, tuple[str, dict]] = {}  # line index -> (output line, record)
+        # (line index, piece index) -> a finished piece of an unfinished split line
+        self.pieces_ahead: dict[tuple[int, int], dict] = {}
         self.name = "stdout" if path == "-" else path
         self.partial: Path | None = None
         self.job = job
@@ -187,7 +189,7 @@ class ResumableOutput:
             try:
                 self._check_same_job(job)
                 self.done = _truncate_to_complete_lines(self.partial)
-                self.ahead = _read_ahead(self.ahead_path, self.done)
+                self.ahead, self.pieces_ahead = _read_ahead(self.ahead_path, self.done)
             except ValueError:
                 self.stream.close()
                 raise
@@ -235,20 +237,27 @@ class ResumableOutput:
                 raise ValueError(f"cannot write output {self.name}: {error.strerror}") from None
             self.done += len(lines)
 
-    def keep_ahead(self, lines: dict[int, tuple[str, dict]]) -> None:
+    def keep_ahead(
+        self, lines: dict[int, tuple[str, dict]], pieces: dict[tuple[int, int], dict] | None = None
+    ) -> None:
         """Keeps the lines finished beyond `done` (index -> (output line, record)) for a
-        rerun: out-of-order lines an interrupted run would otherwise decode again."""
+        rerun: out-of-order lines an interrupted run would otherwise decode again; and the
+        finished pieces of split lines that are not (`pieces`: (line index, piece index) ->
+        the piece's translations and record), whose batches the rerun would decode again."""
         if self.partial is None:
             return
+        pieces = pieces or {}
         with uninterrupted():
-            if not lines:
+            if not lines and not pieces:
                 self.ahead_path.unlink(missing_ok=True)
                 return
-            rows = (
-                json.dumps({"index": i, "text": text, "record": record}, ensure_ascii=False)
+            rows = [
+                {"index": i, "text": text, "record": record}
                 for i, (text, record) in sorted(lines.items())
-            )
-            _write_atomically(self.ahead_path, "".join(row + "\n" for row in rows))
+            ]
+            rows += [{"index": i, "piece": j, **kept} for (i, j), kept in sorted(pieces.items())]
+            text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            _write_atomically(self.ahead_path, text)
 
     def finish(self) -> None:
         """Renames the complete partial file to the output; a shard's record is written
@@ -344,23 +353,52 @@ def _truncate_to_complete_lines(path: Path) -> int:
     return data.count(b"\n", 0, end)
 
 
-def _read_ahead(path: Path, done: int) -> dict[int, tuple[str, dict]]:
-    """The lines `ResumableOutput.keep_ahead` kept, beyond the `done` lines out already."""
+def _read_ahead(
+    path: Path, done: int
+) -> tuple[dict[int, tuple[str, dict]], dict[tuple[int, int], dict]]:
+    """The lines and pieces `ResumableOutput.keep_ahead` kept, beyond the `done` lines out
+    already."""
+    ahead: dict[int, tuple[str, dict]] = {}
+    pieces: dict[tuple[int, int], dict] = {}
     if not path.exists():
-        return {}
-    ahead = {}
+        return ahead, pieces
     for number, row in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         try:
-            line = json.loads(row)
-            index, text, record = int(line["index"]), str(line["text"]), dict(line["record"])
+            kept = json.loads(row)
+            index, record = int(kept["index"]), dict(kept["record"])
+            if "piece" in kept:
+                piece = {"nbest": list(kept["nbest"]), "record": record}
+                if index >= done:
+                    pieces[index, int(kept["piece"])] = piece
+            elif index >= done:
+                ahead[index] = (str(kept["text"]), record)
         except (ValueError, KeyError, TypeError):
             raise ValueError(
                 f"{path}:{number}: not a line specbeam kept; delete the file to translate "
                 "those lines again"
             ) from None
-        if index >= done:
+    return ahead, pieces
+    for number, row in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            kept = json.loads(row)
+            index = int(kept.pop("index"))
+            if "piece" in kept:
+                piece = int(kept.pop("piece"))
+                nbest, record = list(kept["nbest"]), dict(kept["record"])
+            else:
+                text, record = str(kept["text"]), dict(kept["record"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(
+                f"{path}:{number}: not a line specbeam kept; delete the file to translate "
+                "those lines again"
+            ) from None
+        if index < done:
+            continue
+        if "piece" in row and piece is not None and "nbest" in kept:
+            pieces[index, piece] = {"nbest": nbest, "record": record}
+        else:
             ahead[index] = (text, record)
-    return ahead
+    return ahead, pieces
 
 
 def input_digest(data: bytes) -> str:

@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import hydra
@@ -222,7 +222,8 @@ def translate(cfg: TranslateConfig) -> None:
         stats.truncate_to(out.done)
     resumed_after = out.done
     if out.done or out.ahead:
-        later = f" ({counted(len(out.ahead), 'later line')} finished too)" if out.ahead else ""
+        ahead = _ahead(len(out.ahead), len(out.pieces_ahead))
+        later = f" ({ahead} finished too)" if ahead else ""
         print(f"resuming {output} after line {out.done}{later}", file=sys.stderr)
     step = cfg.chunk_lines
     chunks: Iterable[tuple[int, list[str]]]  # each with the number of lines before it
@@ -250,17 +251,19 @@ def translate(cfg: TranslateConfig) -> None:
     try:
         for before, chunk in chunks:
             written = max(0, out.done - before)
+            lines_done, pieces_done = writer.start(before, len(chunk))
             translate_chunk(
                 cfg, tokenizer, generator, splitter, chunk, 0, first + before, written=written,
-                finished=writer.start(before, len(chunk)), on_line=finished,
+                finished=lines_done, finished_pieces=pieces_done, on_line=finished,
+                on_piece=writer.add_piece,
             )  # fmt: skip
             split_records += [r for r in writer.flush() if "pieces" in r]
             if cfg.compare:
                 translated += chunk[written:]
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`startup.Terminated`)
         writer.flush()
-        out.keep_ahead(writer.ready)
-        kept = _kept(out, total, len(writer.ready))
+        out.keep_ahead(writer.ready, writer.pieces)
+        kept = _kept(out, total, _ahead(len(writer.ready), len(writer.pieces)))
         bar.close()  # before the message: the bar's last line would follow it
         print(f"{startup.stopped(stop)}: {kept}", file=sys.stderr)
         raise SystemExit(startup.exit_code(stop)) from None
@@ -327,16 +330,32 @@ class InOrderWriter:
     def __init__(self, out: ResumableOutput, stats: ResumableOutput | None) -> None:
         self.out, self.stats = out, stats
         self.ready: dict[int, tuple[str, dict]] = dict(out.ahead)  # line index -> line, record
+        # (line index, piece index) -> a finished piece of a split line not finished yet
+        self.pieces: dict[tuple[int, int], dict] = dict(out.pieces_ahead)
         self.before = 0
 
-    def start(self, before: int, size: int) -> set[int]:
-        """A new chunk of `size` lines after `before`; its lines finished already (ahead)."""
+    def start(self, before: int, size: int) -> tuple[set[int], dict[tuple[int, int], dict]]:
+        """A new chunk of `size` lines after `before`: its lines finished already (ahead),
+        and the pieces finished of its other lines, by their indices in the chunk."""
         self.before = before
-        return {i - before for i in self.ready if before <= i < before + size}
+        lines = {i - before for i in self.ready if before <= i < before + size}
+        pieces = {
+            (i - before, j): kept
+            for (i, j), kept in self.pieces.items()
+            if before <= i < before + size
+        }
+        return lines, pieces
 
     def add(self, i: int, text: str, record: dict) -> None:
         """Line i of the chunk has finished."""
-        self.ready[self.before + i] = (text, record)
+        line = self.before + i
+        self.ready[line] = (text, record)
+        for key in [key for key in self.pieces if key[0] == line]:
+            del self.pieces[key]
+
+    def add_piece(self, i: int, j: int, kept: dict) -> None:
+        """Piece j of line i of the chunk has finished, and the line not yet."""
+        self.pieces[self.before + i, j] = kept
 
     def flush(self) -> list[dict]:
         """Writes the run of finished lines from the first unwritten; their records."""
@@ -351,9 +370,16 @@ class InOrderWriter:
         return [record for _, record in run]
 
 
-def _kept(out: ResumableOutput, total: int | None, later: int) -> str:
-    """What an interrupted run leaves (`later`: lines finished after the first unfinished
-    one), and whether a rerun continues it."""
+def _ahead(lines: int, pieces: int) -> str:
+    """Lines finished beyond the first unfinished one, and pieces of split lines not."""
+    parts = [counted(lines, "later line")] if lines else []
+    parts += [f"{counted(pieces, 'piece')} of split lines"] if pieces else []
+    return " and ".join(parts)
+
+
+def _kept(out: ResumableOutput, total: int | None, later: str) -> str:
+    """What an interrupted run leaves (`later`: what it finished beyond the first
+    unfinished line, `_ahead`), and whether a rerun continues it."""
     of = "" if total is None else f" of {total}"
     if out.name == "stdout":
         return f"{out.done}{of} lines were written to stdout"
@@ -361,7 +387,7 @@ def _kept(out: ResumableOutput, total: int | None, later: int) -> str:
         return (
             f"{out.done}{of} lines were written to {out.name} (not resumable: not a regular file)"
         )
-    kept = f" ({counted(later, 'later line')} in {out.ahead_path})" if later else ""
+    kept = f" ({later} in {out.ahead_path})" if later else ""
     return (
         f"{out.done}{of} lines are in {out.partial}{kept}; run the same command again to continue"
     )
@@ -462,7 +488,9 @@ def translate_chunk(
     *,
     written: int = 0,
     finished: Collection[int] = frozenset(),
+    finished_pieces: Mapping[tuple[int, int], dict] | None = None,
     on_line: Callable[[int, str, dict], None] | None = None,
+    on_piece: Callable[[int, int, dict], None] | None = None,
 ) -> tuple[list[str], list[dict]]:
     """Translates lines [begin, begin + chunk_lines): output lines (in
     `cfg.output_format`) and per-line records (numbered in the whole input: these lines
@@ -474,7 +502,9 @@ def translate_chunk(
     in order as length-sorted batches allow; `on_line(i, output line, record)` is called
     as line i finishes. The first `written` lines and the lines `finished` (an interrupted
     run's) are not wanted: batches of theirs alone are skipped, and they get no call (nor
-    a return value)."""
+    a return value). So are the pieces `finished_pieces` ((line, piece) -> its `nbest`
+    and `record`, as `on_piece(i, j, kept)` gave them as piece j of split line i finished
+    before the line did): their line takes them as they are."""
     chunk = lines[begin : begin + cfg.chunk_lines]
     todo = [i for i, line in enumerate(chunk) if line.strip()]  # blank lines stay blank
     splits = [splitter(chunk[i]) for i in todo]
@@ -497,9 +527,23 @@ def translate_chunk(
     def done(i: int) -> bool:
         return i < written or i in finished
 
+    def key(p: int) -> tuple[int, int]:  # (line in the chunk, piece in the line)
+        return todo[owner[p]], p - starts[owner[p]]
+
+    kept = finished_pieces or {}
+    have = [done(todo[owner[p]]) or key(p) in kept for p in range(len(pieces))]
+
     def order(batches: list[list[int]]) -> list[list[int]]:
-        wanted = [b for b in batches if not all(done(todo[owner[p]]) for p in b)]
+        wanted = [b for b in batches if not all(have[p] for p in b)]
         return sorted(wanted, key=lambda b: min(todo[owner[p]] for p in b))
+
+    def finish(k: int) -> None:
+        i, a, b = todo[k], starts[k], starts[k + 1]
+        texts[i] = join([h[0].text for h in translations[a:b]])
+        records[i] = line_record(number[k], splits[k], decoded[a:b])
+        objects[i] = line_object(records[i], texts[i], splits[k].pieces, translations[a:b])
+        if on_line is not None:
+            on_line(i, output(i), records[i])
 
     def on_truncate(indices: list[int]) -> None:
         numbers = ", ".join(str(number[k]) for k in sorted({owner[p] for p in indices}))
@@ -514,6 +558,15 @@ def translate_chunk(
     for i in range(written, len(chunk)):
         if on_line is not None and not chunk[i].strip() and not done(i):
             on_line(i, output(i), records[i])
+    restored = [p for p in range(len(pieces)) if not done(key(p)[0]) and key(p) in kept]
+    for p in restored:
+        piece = kept[key(p)]
+        translations[p] = [Translation(**t) for t in piece["nbest"]]
+        decoded[p] = {**piece["record"], "batch": f"before {piece['record']['batch']}"}
+        left[owner[p]] -= 1
+    for k in sorted({owner[p] for p in restored}):
+        if not left[k]:  # interrupted between its last piece and the line itself
+            finish(k)
     last = time.perf_counter()
     for batch, result, hyps in translate_batches(
         generator, tokenizer, pieces, cfg.task.src_lang, cfg.task.tgt_lang, nbest=cfg.nbest,
@@ -523,24 +576,26 @@ def translate_chunk(
         seconds.append(now - last)
         last = now
         for row, p in enumerate(batch):
-            translations[p] = hyps[row]
-            decoded[p] = piece_record(len(seconds) - 1, len(batch), result, row)
-            left[owner[p]] -= 1
-        for k in sorted({owner[p] for p in batch}):
-            if left[k] or done(todo[k]):
+            if have[p]:  # a finished line's, or kept from the interrupted run
                 continue
-            i, a, b = todo[k], starts[k], starts[k + 1]
-            texts[i] = join([h[0].text for h in translations[a:b]])
-            records[i] = line_record(number[k], splits[k], decoded[a:b], seconds)
-            objects[i] = line_object(records[i], texts[i], splits[k].pieces, translations[a:b])
-            if on_line is not None:
-                on_line(i, output(i), records[i])
+            translations[p] = hyps[row]
+            decoded[p] = piece_record(len(seconds) - 1, seconds[-1], len(batch), result, row)
+            left[owner[p]] -= 1
+            if on_piece is not None and left[owner[p]]:
+                nbest = [dataclasses.asdict(t) for t in translations[p]]
+                on_piece(*key(p), {"nbest": nbest, "record": decoded[p]})
+        for k in sorted({owner[p] for p in batch if not have[p]}):
+            if not left[k]:
+                finish(k)
     return [output(i) for i in range(len(chunk))], records
 
 
-def piece_record(batch: int, size: int, result: SequenceGeneratorOutput, row: int) -> dict:
-    """A decoded piece's batch and, where speculation ran on it, its search counts."""
-    piece: dict = {"batch": batch, "batch_size": size}
+def piece_record(
+    batch: int, seconds: float, size: int, result: SequenceGeneratorOutput, row: int
+) -> dict:
+    """A decoded piece's batch (its index and time) and, where speculation ran on it, its
+    search counts."""
+    piece: dict = {"batch": batch, "seconds": seconds, "batch_size": size}
     if isinstance(result, SpeculativeGeneratorOutput):
         if result.stats.plain_sources:  # a batch that ran plain beam search
             piece["plain"] = True
@@ -574,14 +629,14 @@ def line_object(
     return obj
 
 
-def line_record(line: int, split: Split, pieces: list[dict], seconds: list[float]) -> dict:
+def line_record(line: int, split: Split, pieces: list[dict]) -> dict:
     """A line's statistics over its pieces: the largest batch that held one, the time of
     all those batches, and the speculative search counts summed."""
-    batches = {p["batch"] for p in pieces}
+    batches = {p["batch"]: p["seconds"] for p in pieces}
     record: dict = {
         "line": line,
         "batch_size": max(p["batch_size"] for p in pieces),
-        "batch_seconds": sum(seconds[b] for b in batches),
+        "batch_seconds": sum(batches.values()),
     }
     if any("plain" in p for p in pieces):
         record["plain"] = True

@@ -168,6 +168,28 @@ def test_lines_kept_ahead_come_back_to_the_rerun_and_go_with_the_finished_file(t
     assert ResumableOutput(str(tmp_path / "new.txt"), job).ahead == {}
 
 
+def test_pieces_kept_ahead_come_back_until_their_line_is_written(tmp_path) -> None:
+    """Finished pieces of split lines an interrupted run had not finished, beside its
+    later lines, in the same file."""
+    target, job = tmp_path / "out.txt", {"input": "x"}
+    piece = {"nbest": [{"text": "Dos.", "score": -0.5}], "record": {"batch": 3}}
+    first = ResumableOutput(str(target), job)
+    first.write(["one"])
+    first.keep_ahead({3: ("four", {"line": 4})}, {(1, 0): piece, (2, 2): piece})
+    first.close()
+    second = ResumableOutput(str(target), job)
+    assert second.ahead == {3: ("four", {"line": 4})}
+    assert second.pieces_ahead == {(1, 0): piece, (2, 2): piece}
+    second.write(["two"])
+    second.keep_ahead({}, {(2, 2): piece})
+    second.close()
+    third = ResumableOutput(str(target), job)
+    assert third.ahead == {} and third.pieces_ahead == {(2, 2): piece}
+    third.write(["three"])
+    third.close()
+    assert ResumableOutput(str(target), job).pieces_ahead == {}  # its line is out
+
+
 def test_a_damaged_file_of_lines_kept_ahead_is_named_with_its_line(tmp_path) -> None:
     target = tmp_path / "out.txt"
     job = {"input": "x"}

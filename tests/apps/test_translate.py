@@ -291,15 +291,19 @@ def test_interrupt_inside_a_chunk_keeps_its_finished_lines_and_resumes_exactly(t
     proc.wait(timeout=120)
     reader.join(timeout=10)
     message = re.search(
-        r"interrupted: (\d+) of 60 lines are in (\S+)(?: \((\d+) later lines? in (\S+)\))?; "
+        r"interrupted: (\d+) of 60 lines are in (\S+)"
+        r"(?: \((?:(\d+) later lines?)?(?: and )?(?:(\d+) pieces? of split lines)? in (\S+)\))?; "
         "run the same",
         "".join(stderr),
     )
     assert proc.returncode != 0 and message and message[2] == str(partial), "".join(stderr)
-    kept, later = int(message[1]), int(message[3] or 0)
-    if later:
-        ahead = message[4]
-        assert ahead == f"{partial}.ahead" and len(Path(ahead).read_text().splitlines()) == later
+    kept, later, pieces = int(message[1]), int(message[3] or 0), int(message[4] or 0)
+    if later or pieces:
+        ahead = message[5]
+        rows = [json.loads(row) for row in Path(ahead).read_text().splitlines()]
+        assert ahead == f"{partial}.ahead"
+        assert sum("piece" not in row for row in rows) == later
+        assert sum("piece" in row for row in rows) == pieces
     assert partial.read_text(encoding="utf-8").count("\n") == kept < 60
     partial_stats = tmp_path / "resumed.jsonl.partial"
     assert [json.loads(r)["line"] for r in partial_stats.read_text().splitlines()] == list(
@@ -308,7 +312,9 @@ def test_interrupt_inside_a_chunk_keeps_its_finished_lines_and_resumes_exactly(t
     again = _start(tmp_path, source, output, False, *overrides)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
-    finished_too = f" ({later} later line{'s' * (later != 1)} finished too)" if later else ""
+    ahead = [f"{later} later line{'s' * (later != 1)}"] if later else []
+    ahead += [f"{pieces} piece{'s' * (pieces != 1)} of split lines"] if pieces else []
+    finished_too = f" ({' and '.join(ahead)} finished too)" if ahead else ""
     assert f"resuming {output} after line {kept}{finished_too}" in err
     assert output.read_bytes() == reference.read_bytes()
     assert [json.loads(r)["line"] for r in resumed_stats.read_text().splitlines()] == list(
@@ -838,3 +844,44 @@ def test_a_resumed_run_names_the_split_lines_of_its_own_part(caplog) -> None:
         "split 1 line longer than 50 source tokens after line 5 (this run's part) and joined "
         "their pieces' translations: line 7 (3 pieces)"
     )
+
+
+def test_a_rerun_takes_the_pieces_an_interrupted_run_finished(fuzz_pipeline) -> None:
+    """Split lines share length-sorted batches with other lines, so after an interrupt
+    nearly every batch holds a piece of some unfinished line: the finished pieces are kept
+    (`on_piece`), and the rerun decodes only the batches holding pieces still to do, with
+    the same output and records as an uninterrupted run."""
+    tokenizer, generators = fuzz_pipeline
+    cfg = TranslateConfig(hardware=HardwareConfig(batch_tokens=60, threads=1))
+    splitter = Splitter(tokenizer, cfg.task.src_lang, cfg.split_above_tokens)
+    lines = [
+        "Y dijo Dios: Sea la luz: y fué la luz. " * 6,
+        "Hola.",
+        "Y vió Dios que la luz era buena. " * 8,
+        "",
+        "Y llamó Dios a la luz Día. " * 7,
+    ]
+    counter = _Counter(generators["beam"])
+    kept: dict[tuple[int, int], dict] = {}
+    whole, records = translate_chunk(
+        cfg, tokenizer, counter, splitter, lines, 0, 0,
+        on_piece=lambda i, j, piece: kept.__setitem__((i, j), piece),
+    )  # fmt: skip
+    calls = counter.batches
+    pieces = [len(splitter(line).pieces) for line in lines]
+    assert pieces[0] > 2 and pieces[2] > 2 and pieces[4] > 2
+    # Every piece but the last of each line to finish was kept as it finished.
+    assert sorted({i for i, _ in kept}) == [0, 2, 4]
+    assert all(sum(1 for i, _ in kept if i == line) == pieces[line] - 1 for line in (0, 2, 4))
+
+    # Interrupted with line 2 unfinished: all of its pieces but the last one kept.
+    counter.batches = 0
+    again, again_records = translate_chunk(
+        cfg, tokenizer, counter, splitter, lines, 0, 0, finished={0, 1, 3, 4},
+        finished_pieces={key: kept[key] for key in kept if key[0] == 2},
+    )  # fmt: skip
+    assert counter.batches == 1 < calls
+    assert again[2] == whole[2]
+    assert {k: v for k, v in again_records[2].items() if k != "batch_seconds"} == {
+        k: v for k, v in records[2].items() if k != "batch_seconds"
+    }
