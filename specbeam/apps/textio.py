@@ -160,6 +160,7 @@ class ResumableOutput:
         self.pieces_ahead: dict[tuple[int, int], dict] = {}
         self.name = "stdout" if path == "-" else path
         self.partial: Path | None = None
+        self.resumed = False
         self.job = job
         self.record: Path | None = None
         if path == "-":
@@ -175,7 +176,7 @@ class ResumableOutput:
         self.input_log = self.path.with_name(self.path.name + ".partial.input")  # `InputLog`
         if record:
             self.record = finished_record(self.path)
-        resumed = self.partial.exists()
+        resumed = self.resumed = self.partial.exists()
         self.stream = _open(self.partial, path, "a")
         try:  # two jobs appending to one file would interleave their lines
             fcntl.flock(self.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -274,6 +275,15 @@ class ResumableOutput:
         self.sidecar.unlink()
         self._drop_ahead()
         self.input_log.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """Closes a file refused before anything was written: a partial file this run
+        created, and its companions, go, so that nothing stays behind to resume."""
+        self.close()
+        if self.partial is not None and not self.resumed:
+            self.partial.unlink(missing_ok=True)
+            self.sidecar.unlink(missing_ok=True)
+            self._drop_ahead()
 
     def _drop_ahead(self) -> None:
         """Removes the ahead file and a temporary one a killed write left."""

@@ -218,7 +218,12 @@ def translate(cfg: TranslateConfig) -> None:
         else None
     )
     if stats is not None:
-        check_stats_resume(stats, out)
+        try:
+            check_stats_resume(stats, out)
+        except ValueError:
+            stats.abandon()
+            out.close()
+            raise
         stats.truncate_to(out.done)
     resumed_after = out.done
     if out.done or out.ahead:

@@ -261,6 +261,7 @@ def _refused_resumes(
             .splitlines()[-1]
             .startswith(f"error: stats_file={tmp_path}/new.jsonl has 0 records of the ")
         )
+        assert not list(tmp_path.glob("new.jsonl*"))  # nothing left to resume
         errors.append(stderr)
     return errors
 
