@@ -115,7 +115,9 @@ def _decode(line: bytes, path: str, number: int, errors: str, start: int | None 
     try:
         text = line.decode("utf-8", errors=errors)
     except UnicodeDecodeError as error:
-        raise _unreadable(path, number, "invalid UTF-8", error.start, start) from None
+        bom = number == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff"))
+        why = ": a UTF-16 byte order mark (convert the input to UTF-8)" if bom else ""
+        raise _unreadable(path, number, "invalid UTF-8", error.start, start, why) from None
     if "\0" in text:  # valid UTF-8, but no text has it: UTF-16 without a BOM, a binary file
         if errors != "replace":
             raise _unreadable(
@@ -129,11 +131,11 @@ def _decode(line: bytes, path: str, number: int, errors: str, start: int | None 
 def _unreadable(
     path: str, number: int, problem: str, at: int, start: int | None, why: str = ""
 ) -> UnreadableInput:
-    """`problem` at byte `at` of line `number`, which starts at byte `start` of the file
-    (None: a stream)."""
-    where = "" if start is None else f" (byte {start + at} of the file)"
+    """`problem` at offset `at` of line `number`, which starts at offset `start` of the
+    file (None: a stream); bytes are counted from 1, as lines are."""
+    where = "" if start is None else f" (byte {start + at + 1} of the file)"
     return UnreadableInput(
-        f"{path}:{number}: {problem} at byte {at} of the line{where}{why}; "
+        f"{path}:{number}: {problem} at byte {at + 1} of the line{where}{why}; "
         "set input_errors=replace to translate it with U+FFFD in place",
         [],
     )

@@ -36,9 +36,19 @@ def test_lines_split_on_newline_only(tmp_path) -> None:
 def test_invalid_utf8_names_line_and_byte(tmp_path) -> None:
     path = tmp_path / "bad.txt"
     path.write_bytes(b"ok\nabc\xffdef\n")
-    with pytest.raises(ValueError, match=r"bad.txt:2: invalid UTF-8 at byte 3 of the line"):
+    with pytest.raises(
+        ValueError, match=r"bad.txt:2: invalid UTF-8 at byte 4 of the line \(byte 7 of the file\)"
+    ):
         read_lines(str(path))
     assert read_lines(str(path), errors="replace") == ["ok", "abc\ufffddef"]
+
+
+def test_a_utf16_byte_order_mark_is_named(tmp_path) -> None:
+    path = tmp_path / "utf16.txt"
+    path.write_bytes("Hola.\n".encode("utf-16"))  # with its byte order mark
+    message = r"^.*utf16.txt:1: invalid UTF-8 at byte 1 of the line \(byte 1 of the file\): a UTF-16 byte order mark \(convert the input to UTF-8\); set"
+    with pytest.raises(UnreadableInput, match=message):
+        read_lines(str(path))
 
 
 def test_invalid_utf8_keeps_the_lines_before_it(tmp_path) -> None:
@@ -54,7 +64,7 @@ def test_a_nul_byte_names_its_line_and_keeps_the_lines_before_it(tmp_path) -> No
     """Valid UTF-8, but no text has one: UTF-16 read as UTF-8 is full of them."""
     path = tmp_path / "utf16.txt"
     path.write_bytes(b"ok\n" + "Hola.\n".encode("utf-16-le"))
-    with pytest.raises(UnreadableInput, match=r"^.*utf16.txt:2: a NUL byte at byte 1 of the line \(byte 4 of the file\), which no text has \(UTF-16\? convert the input to UTF-8\); set input_errors=replace") as error:  # fmt: skip
+    with pytest.raises(UnreadableInput, match=r"^.*utf16.txt:2: a NUL byte at byte 2 of the line \(byte 5 of the file\), which no text has \(UTF-16\? convert the input to UTF-8\); set input_errors=replace") as error:  # fmt: skip
         read_lines(str(path))
     assert error.value.lines == ["ok"] and error.value.count == 3  # UTF-16's '\n' is "\n\0"
     replaced = ["ok", "H\ufffdo\ufffdl\ufffda\ufffd.\ufffd", "\ufffd"]
@@ -67,7 +77,7 @@ def test_a_nul_byte_on_stdin_names_its_line() -> None:
     os.close(write_end)
     lines = stream_lines(read_end, "strict", max_lines=10)
     assert next(lines) == ["ok"]
-    with pytest.raises(ValueError, match=r"^<stdin>:2: a NUL byte at byte 1 of the line, which"):
+    with pytest.raises(ValueError, match=r"^<stdin>:2: a NUL byte at byte 2 of the line, which"):
         next(lines)
     os.close(read_end)
 
@@ -116,7 +126,7 @@ def test_invalid_utf8_on_stdin_names_its_line_after_the_lines_before_it() -> Non
     os.close(write_end)
     lines = stream_lines(read_end, "strict", max_lines=10)
     assert next(lines) == ["ok", ""]
-    with pytest.raises(ValueError, match=r"^<stdin>:3: invalid UTF-8 at byte 2 of the line; set"):
+    with pytest.raises(ValueError, match=r"^<stdin>:3: invalid UTF-8 at byte 3 of the line; set"):
         next(lines)
     os.close(read_end)
 
