@@ -18,7 +18,9 @@ from fairseq2.generation import Seq2SeqGenerator
 from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
+from hydra.errors import HydraException
 from hydra.plugins.config_source import ConfigLoadError
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
@@ -161,6 +163,7 @@ def before_hydra(argv: Sequence[str], app: str, doc: str | None) -> None:
     start with a blank line)."""
     if not sys.stderr.isatty():
         os.environ.setdefault("FAIRSEQ2_NO_PROGRESS", "1")
+    check_override_syntax(argv)
     check_group_choices(argv)
     check_override_keys(argv, app)
     check_launcher(argv)
@@ -171,6 +174,32 @@ def before_hydra(argv: Sequence[str], app: str, doc: str | None) -> None:
         print(app_help(app, doc, overrides))
         raise SystemExit(0)
     entry_point.skip_generators()
+
+
+def check_override_syntax(argv: Sequence[str]) -> None:
+    """Ends the process with one line where Hydra's grammar would refuse a value in a few
+    lines that name neither the setting nor the remedy (a file name with brackets or
+    accents: `input=traducción (1).es`), or where a comma outside brackets would ask for a
+    sweep without -m: quoting the value reads it as it is."""
+    parser = OverridesParser.create()
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or arg.startswith("-"):
+            continue
+        quoted = f"\"{key}='{value}'\""
+        try:
+            parsed = parser.parse_override(arg)
+        except HydraException as error:
+            raise SystemExit(
+                f"error: cannot read {arg} ({str(error).splitlines()[0]}): a value with "
+                f"brackets, braces, '=', ':', ',' or non-ASCII letters must be quoted: {quoted}"
+            ) from None
+        if parsed.is_sweep_override() and not multirun:
+            raise SystemExit(
+                f"error: {arg} gives {key} several values (the comma): add -m to run one job "
+                f"per value, or quote the value to read it as it is: {quoted}"
+            )
 
 
 def check_override_keys(argv: Sequence[str], app: str) -> None:

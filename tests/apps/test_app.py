@@ -26,6 +26,7 @@ import specbeam.training.train_head  # noqa: F401  (registers train_head_schema)
 from specbeam.apps.app import (
     check_group_choices,
     check_launcher,
+    check_override_syntax,
     command_line_settings,
     run_app,
     shadowed_user_configs,
@@ -136,6 +137,27 @@ def test_unknown_config_name_is_one_line(argv: list[str], expected: str) -> None
     with pytest.raises(SystemExit) as exit_info:
         check_group_choices(argv)
     assert str(exit_info.value.code).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["input=traducción (1).es"], "error: cannot read input=traducción (1).es (token recognition error at: 'ó'): a value with brackets, braces, '=', ':', ',' or non-ASCII letters must be quoted: \"input='traducción (1).es'\""),
+        (["compare=beam:beam_size=4"], "error: cannot read compare=beam:beam_size=4 (mismatched input '=' expecting <EOF>): a value"),
+        (["input=a,b.es"], "error: input=a,b.es gives input several values (the comma): add -m to run one job per value, or quote the value to read it as it is: \"input='a,b.es'\""),
+    ],
+)  # fmt: skip
+def test_a_value_hydra_cannot_read_is_one_line_with_its_quoting(argv, expected) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        check_override_syntax(argv)
+    assert str(exit_info.value.code).startswith(expected)
+
+
+def test_quoted_values_lists_and_sweeps_under_m_pass() -> None:
+    check_override_syntax(
+        ["input='traducción (1).es'", "gammas=[1,2]", "-m", "decoding=beam,greedy", "--help",
+         "input=my file.es", "compare='beam:beam_size=4'"]
+    )  # fmt: skip
 
 
 def test_known_names_and_other_overrides_pass() -> None:
