@@ -154,8 +154,10 @@ class ResumableOutput:
     (`finished_record`), so that merge_shards can tell shards of different runs apart; a
     run that starts or resumes the file removes an older run's record first."""
 
-    def __init__(self, path: str, job: dict, record: bool = False) -> None:
+    def __init__(self, path: str, job: dict, record: bool = False, setting: str = "output") -> None:
+        """`setting`: what errors call the file (`stats_file`)."""
         self.stream: TextIO
+        self.setting = setting
         self.done = 0
         self.ahead: dict[int, tuple[str, dict]] = {}  # line index -> (output line, record)
         # (line index, piece index) -> a finished piece of an unfinished split line
@@ -169,7 +171,7 @@ class ResumableOutput:
             self.stream = sys.stdout
             return
         if _special(path):
-            self.stream = _open(path, path, "a")  # what a shell sent there before stays
+            self.stream = _open(path, f"{setting} {path}", "a")  # what a shell sent there stays
             return
         self.path = Path(os.path.realpath(path))
         self.partial = self.path.with_name(self.path.name + ".partial")
@@ -179,7 +181,7 @@ class ResumableOutput:
         if record:
             self.record = finished_record(self.path)
         resumed = self.resumed = self.partial.exists()
-        self.stream = _open(self.partial, path, "a")
+        self.stream = _open(self.partial, f"{setting} {path}", "a")
         try:  # two jobs appending to one file would interleave their lines
             fcntl.flock(self.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -204,7 +206,7 @@ class ResumableOutput:
         try:
             self.sidecar.write_text(json.dumps(job) + "\n")
         except OSError as error:
-            raise ValueError(f"cannot write output {path}: {error.strerror}") from None
+            raise ValueError(f"cannot write {setting} {path}: {error.strerror}") from None
 
     def _check_same_job(self, job: dict) -> None:
         """The same input bytes and settings; the input's path may be spelt another way
@@ -237,7 +239,9 @@ class ResumableOutput:
                 if self.partial is not None:
                     os.fsync(self.stream.fileno())
             except OSError as error:
-                raise ValueError(f"cannot write output {self.name}: {error.strerror}") from None
+                raise ValueError(
+                    f"cannot write {self.setting} {self.name}: {error.strerror}"
+                ) from None
             self.done += len(lines)
 
     def keep_ahead(
@@ -333,12 +337,13 @@ def _special(path: str) -> bool:
 
 
 def _open(path: Path | str, output: str, mode: str) -> TextIO:
-    """`path` opened for the output named `output`, or a one-line error naming both."""
+    """`path` opened for `output` (the setting and the path it names), or a one-line error
+    naming both."""
     try:
         return open(path, mode, encoding="utf-8")
     except OSError as error:
-        via = "" if str(path) == output else f": cannot create {path}"
-        raise ValueError(f"cannot write output {output}{via}: {error.strerror}") from None
+        via = "" if output.endswith(f" {path}") else f": cannot create {path}"
+        raise ValueError(f"cannot write {output}{via}: {error.strerror}") from None
 
 
 def _temporary(path: Path) -> Path:

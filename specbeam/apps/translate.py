@@ -212,17 +212,16 @@ def translate(cfg: TranslateConfig) -> None:
     job = job_fingerprint(cfg.input, digest, output_settings(cfg))
     sharded = parse_shard(cfg.shard)[1] > 1  # a finished shard records its run for the merge
     out = ResumableOutput(output, job, record=sharded)
-    stats = (
-        ResumableOutput(shard_path(cfg.stats_file, cfg.shard), job, record=sharded)
-        if cfg.stats_file
-        else None
-    )
-    if stats is not None:
+    stats = None
+    if cfg.stats_file:
         try:
+            path = shard_path(cfg.stats_file, cfg.shard)
+            stats = ResumableOutput(path, job, record=sharded, setting="stats_file")
             check_stats_resume(stats, out)
         except ValueError:
-            stats.abandon()
-            out.close()
+            if stats is not None:
+                stats.abandon()
+            out.abandon()
             raise
         stats.truncate_to(out.done)
     resumed_after = out.done

@@ -398,3 +398,9 @@ def test_dev_stdout_redirected_to_a_file_is_written_through_the_redirection(tmp_
         subprocess.run([sys.executable, "-c", code], cwd=repo, stdout=stdout, check=True)
     assert log.read_text() == "previous\none\n"
     assert [p.name for p in tmp_path.iterdir()] == ["log.txt"]
+
+
+def test_errors_name_the_setting_the_file_is_for(tmp_path) -> None:
+    missing = tmp_path / "nodir" / "s.jsonl"
+    with pytest.raises(ValueError, match=rf"^cannot write stats_file {missing}: cannot create"):
+        ResumableOutput(str(missing), {}, setting="stats_file")
