@@ -550,14 +550,11 @@ def translate_chunk(
             on_line(i, output(i), records[i])
 
     def on_truncate(indices: list[int]) -> None:
-        numbers = ", ".join(str(number[k]) for k in sorted({owner[p] for p in indices}))
+        lines = sorted({owner[p] for p in indices})
+        numbers = ", ".join(str(number[k]) for k in lines)
+        what = f"line {numbers} exceeds" if len(lines) == 1 else f"lines {numbers} exceed"
         limit = generator.model.max_source_seq_len
-        log.warning(
-            "lines %s exceed the model's %d source tokens; translated their first %d",
-            numbers,
-            limit,
-            limit,
-        )
+        log.warning("%s the model's %d source tokens; translated the first %d", what, limit, limit)
 
     for i in range(written, len(chunk)):
         if on_line is not None and not chunk[i].strip() and not done(i):

@@ -113,7 +113,7 @@ def test_split_off_keeps_todays_behaviour(tokenizer, caplog) -> None:
         )
     whole = translate_texts(generator, tokenizer, ["Hola.", PARAGRAPH], "spa_Latn", "eng_Latn")
     assert texts == [whole[0], "", whole[1]]
-    assert "lines 3 exceed the model's 64 source tokens" in caplog.text
+    assert "line 3 exceeds the model's 64 source tokens" in caplog.text
     assert not any("pieces" in r for r in records)
 
 

@@ -447,7 +447,7 @@ def test_overlong_line_is_truncated_with_a_warning(tmp_path) -> None:
     small = ["model.random_target_arch.max_seq_len=64", "model.random_draft_arch.max_seq_len=64"]
     result = run(tmp_path, f"input={source}", f"output={out}", "split_above_tokens=0", *small)
     assert result.returncode == 0, result.stderr
-    assert "lines 2 exceed the model's 64 source tokens" in result.stderr
+    assert "line 2 exceeds the model's 64 source tokens" in result.stderr
     assert out.read_text(encoding="utf-8").count("\n") == 3
 
 
