@@ -5,7 +5,9 @@
     python -m specbeam.evaluate 'methods=[beam,"spec_beam:gamma=6;draft_width=8"]'
 
 Each method's exact match and speedup are against the first plain (non-speculative)
-method of the same beam size, run in the same process on the same batches. Writes a Markdown
+method of the same beam size, run in the same process on the same batches; `plain` is the
+share of sentences a speculative method's planner decoded by plain search, and τ, accept
+and passes/sent count the others' passes. Writes a Markdown
 table (`results.md`, also printed), `results.json`, `results.csv` and PNG plots to the output
 directory (Hydra's run directory unless `output_dir` is set).
 """
@@ -118,6 +120,7 @@ def summarise(
             "exact_match": sum(a == b for a, b in zip(run.tokens, reference.tokens, strict=True)) / n,
             "seconds": run.total_seconds,
             "speedup": reference.total_seconds / run.total_seconds,
+            "plain_share": run.stats.plain_sources / n if speculative else None,
             "tau": run.stats.tau if speculative else 1.0,
             "acceptance_rate": run.stats.acceptance_rate if speculative else None,
             "target_passes_per_sentence": run.stats.source_passes / n if speculative else None,
@@ -133,10 +136,11 @@ def summarise(
 
 
 def markdown(rows: list[dict]) -> str:
-    head = "| method | vs | batch | BLEU | chrF | exact | speedup | τ | accept | passes/sent | p50 ms | p90 ms | sent/s | KV MB |"
+    head = "| method | vs | batch | BLEU | chrF | exact | speedup | plain | τ | accept | passes/sent | p50 ms | p90 ms | sent/s | KV MB |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         acc = "–" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+        plain = "–" if r["plain_share"] is None else f"{r['plain_share']:.0%}"
         passes = (
             "–"
             if r["target_passes_per_sentence"] is None
@@ -144,7 +148,7 @@ def markdown(rows: list[dict]) -> str:
         )
         lines.append(
             f"| {r['method']} | {r['baseline']} | {r['batch_size']} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['exact_match']:.3f} | "
-            f"{r['speedup']:.2f}× | {r['tau']:.2f} | {acc} | {passes} | {r['latency_p50_ms']:.0f} | "
+            f"{r['speedup']:.2f}× | {plain} | {r['tau']:.2f} | {acc} | {passes} | {r['latency_p50_ms']:.0f} | "
             f"{r['latency_p90_ms']:.0f} | {r['sentences_per_second']:.2f} | {r['peak_kv_cache_mb']:.1f} |"
         )
     return "\n".join(lines)
@@ -159,7 +163,7 @@ def plot(rows: list[dict], out: Path) -> None:
     ax1.bar(labels, [r["speedup"] for r in first])
     ax1.set_ylabel(f"speedup over its baseline (batch {rows[0]['batch_size']})")
     ax2.bar([r["method"] for r in first], [r["tau"] for r in first], color="tab:orange")
-    ax2.set_ylabel("τ: steps a sentence advances per target pass")
+    ax2.set_ylabel("τ (beam steps per target pass)")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
