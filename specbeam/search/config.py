@@ -14,7 +14,7 @@ settings by the same names (`SpeculativeSearchConfig.of`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,7 @@ class SearchSettings(BeamSettings, SpeculationSettings):
         checks = [
             ("beam_size", self.beam_size, self.beam_size >= 1, "≥ 1"),
             ("min_gen_len", self.min_gen_len, self.min_gen_len >= 1, "≥ 1"),
-            ("max_gen_len", self.max_gen_len, len(self.max_gen_len) == 2, "[a, b]"),
+            ("max_gen_len", self.max_gen_len, _gen_len_ok(self.max_gen_len), "[a, b] with a, b ≥ 0 and a ≥ 1 or b ≥ 1 (a × source length + b tokens: at least one)"),
             ("temperature", self.temperature, self.temperature > 0, "> 0"),
             ("gamma_bounds", self.gamma_bounds, self.gamma_bounds is None or len(self.gamma_bounds) == 2, "[lo, hi] or None"),
             ("relax_top", self.relax_top, self.relax_top >= 0, "≥ 0"),
@@ -162,6 +162,11 @@ class SearchSettings(BeamSettings, SpeculationSettings):
         if not draft or any(name == "gamma_bounds" for name, _, _ in found):
             return found
         return found + self.draft_shape().problems()
+
+
+def _gen_len_ok(limit: Sequence[float]) -> bool:
+    """fairseq2 allows a × (longest source) + b tokens, which must be ≥ 1 for any source."""
+    return len(limit) == 2 and min(limit) >= 0 and max(limit) >= 1
 
 
 @dataclass(kw_only=True)

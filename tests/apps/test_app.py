@@ -81,6 +81,10 @@ def build_error(*overrides: str) -> str:
         ),
         (["decoding.max_speculative_batch=-1"], "decoding.max_speculative_batch=-1 is invalid"),
         (
+            ["decoding.max_gen_len=[0,0]"],
+            "decoding.max_gen_len=[0.0, 0.0] is invalid: must be [a, b] with a, b ≥ 0 and a ≥ 1 or b ≥ 1",
+        ),
+        (
             ["decoding=spec_sample", "decoding.sampler=greedy"],
             "decoding.sampler=greedy is invalid: allowed: top_p, top_k",
         ),
