@@ -99,6 +99,7 @@ def merge(input_path: str, shard_paths: list[Path], output: Path) -> None:
     except OSError as error:
         raise ValueError(f"cannot write --output {output}: {error.strerror}") from None
     os.replace(tmp, output)
+    print(f"wrote {output}: {counted(total, 'line')} from {counted(n, 'shard')}", file=sys.stderr)
 
 
 def shard_settings(path: Path, shard: str, input_path: str, digest: str) -> dict | None:

@@ -56,10 +56,11 @@ def error_of(main, *argv: str) -> str:  # noqa: ANN001
     return str(exit_info.value.code)
 
 
-def test_found_shards_join_in_order(corpus: Path) -> None:
+def test_found_shards_join_in_order(corpus: Path, capsys) -> None:
     output = corpus.with_name("out.en")
     merge_shards(["--input", str(corpus), "--output", str(output)])
     assert output.read_text() == "one\ntwo\n\nfour\nfive\n"
+    assert capsys.readouterr().err.endswith(f"wrote {output}: 5 lines from 3 shards\n")
     assert len(list(corpus.parent.glob("out.en.shard-*-of-3"))) == 3  # kept
 
 
@@ -151,7 +152,8 @@ def test_shards_of_different_runs_are_refused_naming_the_settings_that_differ(
     capsys.readouterr()
     merge_shards(args)
     assert corpus.with_name("out.en").read_text() == "".join(SHARDS)
-    assert capsys.readouterr().err == ""  # every shard checked: no warning
+    out = corpus.with_name("out.en")
+    assert capsys.readouterr().err == f"wrote {out}: 5 lines from 3 shards\n"  # no warning
     finish_shard(corpus, 1, SHARDS[1], task=TaskConfig(tgt_lang="fra_Latn"))
     assert "task.tgt_lang eng_Latn vs fra_Latn" in error_of(merge_shards, *args)
 
@@ -199,4 +201,5 @@ def test_a_shard_without_a_record_is_joined_with_a_warning(
     assert capsys.readouterr().err == (
         f"warning: shard 1/3: {shard} has no record {shard}.json (written by an older "
         "specbeam?): not checked against the input and the other shards' settings\n"
+        f"wrote {output}: 5 lines from 3 shards\n"
     )
