@@ -451,11 +451,15 @@ def job_differences(ours: dict, theirs: dict) -> list[str]:
 
 
 def setting_differences(ours: dict, theirs: dict, skip: Collection[str] = ()) -> list[str]:
-    """Each setting (by name) whose values differ, as `name ours vs theirs`."""
+    """Each setting (by name) whose values differ, as `name ours vs theirs`; where two
+    configs of a group differ by name (`decoding.name`), the group alone (`decoding
+    spec_beam vs greedy`), not each of its settings."""
+    names = [n for n in {**ours, **theirs} if n not in skip and ours.get(n) != theirs.get(n)]
+    groups = {n.removesuffix(".name") for n in names if n.endswith(".name")}
     return [
-        f"{name} {_shown(ours.get(name))} vs {_shown(theirs.get(name))}"
-        for name in {**ours, **theirs}
-        if name not in skip and ours.get(name) != theirs.get(name)
+        f"{name.removesuffix('.name')} {_shown(ours.get(name))} vs {_shown(theirs.get(name))}"
+        for name in names
+        if name.endswith(".name") or name.rsplit(".", 1)[0] not in groups
     ]
 
 

@@ -138,8 +138,8 @@ def test_shards_of_different_runs_are_refused_naming_the_settings_that_differ(
     beam = DecodingConfig(name="beam", speculative=False)
     other = finish_shard(corpus, 1, SHARDS[1], decoding=beam)
     assert error_of(merge_shards, *args) == (
-        f"error: {first} and {other} come from different runs: decoding.name spec_beam vs "
-        "beam, decoding.speculative true vs false; translate every shard with the same settings"
+        f"error: {first} and {other} come from different runs: decoding spec_beam vs beam; "
+        "translate every shard with the same settings"
     )
     finish_shard(corpus, 1, SHARDS[1], split_above_tokens=0)
     assert error_of(merge_shards, *args).startswith(

@@ -16,6 +16,7 @@ from specbeam.apps.textio import (
     ResumableOutput,
     UnreadableInput,
     read_input,
+    setting_differences,
     split_lines,
     stream_lines,
     uninterrupted,
@@ -244,6 +245,10 @@ def test_partial_output_of_another_job_is_refused_naming_what_differs(tmp_path) 
     other_settings = {**job, "settings": {"nbest": 1, "decoding.gamma": 3}}
     with pytest.raises(ValueError, match=r"different job \(decoding.gamma 2 vs 3\)"):
         ResumableOutput(str(target), other_settings)
+    # Another decoding altogether: named once, not by each of its settings.
+    ours = {"decoding.name": "spec_beam", "decoding.gamma": 2, "nbest": 1}
+    theirs = {"decoding.name": "greedy", "decoding.gamma": 4, "nbest": 2}
+    assert setting_differences(ours, theirs) == ["decoding spec_beam vs greedy", "nbest 1 vs 2"]
     ResumableOutput(str(target), {**job, "input": "/somewhere/else/a.es"}).finish()
 
 
