@@ -797,7 +797,7 @@ def test_a_finished_shard_records_its_run_and_a_rerun_replaces_the_record(
     shard(1, generators["spec_beam"], spec_beam)
     capsys.readouterr()
     merge_shards(merge)
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == f"wrote {output}: {len(LINES)} lines from 2 shards\n"
     assert output.read_text(encoding="utf-8").count("\n") == len(LINES)
 
 
