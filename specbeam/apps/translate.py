@@ -463,8 +463,8 @@ def compare_line(
     line = (
         f"{ours.name}: {base.total_seconds / ours.total_seconds:.2f}× the speed of "
         f"{base.name} ({ours.total_seconds:.2f} s vs {base.total_seconds:.2f} s for "
-        f"{counted(len(texts), 'sentence')}{_pieces_of(lines, len(texts))}, one at a time); "
-        f"identical outputs: {same}/{len(texts)}"
+        f"{counted(len(texts), 'sentence')}{_pieces_of(lines, len(texts))}, one at a time"
+        f"{_on_target(cfg.hardware.target_precision)}); identical outputs: {same}/{len(texts)}"
     )
     if ours.stats.target_passes:
         line += f"; τ {ours.stats.tau:.2f} steps per target pass"
@@ -474,6 +474,12 @@ def compare_line(
             "(the planner priced speculation slower on this machine)"
         )
     return line
+
+
+def _on_target(precision: str) -> str:
+    """Both decodings run on the same target: a quantized one is named, lest identical
+    outputs read as identical to the float32 model's."""
+    return "" if precision == "float32" else f", both on the {precision} target"
 
 
 def _pieces_of(lines: int | None, sentences: int) -> str:

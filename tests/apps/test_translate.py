@@ -631,13 +631,15 @@ def test_compare_prints_the_speedup_over_plain_beam_search(tmp_path, source_file
 
 
 def test_compare_says_which_sentences_ran_plain(tmp_path, source_file) -> None:
-    """A cost model where every verified token costs a second: the planner runs plain."""
-    result = run(tmp_path, f"input={source_file}", "compare=beam", "hardware.costs.target=[0,1000]")
+    """A cost model where every verified token costs a second: the planner runs plain. On
+    an int8 target both decodings run on it, and the line says so."""
+    result = run(tmp_path, f"input={source_file}", "compare=beam", "hardware.costs.target=[0,1000]",
+                 "hardware.target_dtype=int8")  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = result.stderr.strip().splitlines()[-1]
     assert summary.endswith(
-        "identical outputs: 3/3; 3/3 sentences ran plain beam search (the planner priced "
-        "speculation slower on this machine)"
+        "one at a time, both on the int8 target); identical outputs: 3/3; 3/3 sentences ran "
+        "plain beam search (the planner priced speculation slower on this machine)"
     ), summary
 
 
