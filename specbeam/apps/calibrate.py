@@ -238,15 +238,19 @@ class CalibrateConfig:
     """The speculative decoding to tune (conf/decoding/<method>.yaml); plain beam search
     of its beam size is the baseline. Not `decoding=`: that is the apps' config group."""
     split: str = "dev"
+    """The task's split whose first `sample` sentences are decoded."""
     sample: int = 20
     """Sentences of the split run for τ (batch 1) and the beam-search step cost."""
     gammas: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6, 7, 8])
+    """Draft depths γ of the grid, each run with every one of `draft_widths`."""
     draft_widths: list[int] = field(default_factory=lambda: [5, 10])
+    """Draft widths (nodes kept per tree level) of the grid, each ≥ the decoding's beam_size."""
     slot_counts: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50, 100])
     """Query tokens per timed decoder call (the fit's x values)."""
     prefix_len: int = 20
     """Cached positions per hypothesis during timed calls (a mid-sentence prefix)."""
     repeats: int = 7
+    """Timed rounds of decoder calls per query-token count; a call's cost is their median."""
 
 
 ConfigStore.instance().store(name="calibrate_schema", node=CalibrateConfig)

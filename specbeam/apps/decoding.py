@@ -26,14 +26,22 @@ class DecodingConfig(SearchSettings):
     which search runs them."""
 
     name: str = "spec_beam"
+    """The decoding's name (conf/decoding/<name>.yaml, or a method string such as
+    `spec_beam:gamma=6`): picks its `hardware.tuned` settings and names it in messages
+    and results."""
     speculative: bool = True
+    """true: the draft (`model.draft`) proposes and the target verifies; false: the target
+    alone (beam: the `plain` search; sample: fairseq2's sampling)."""
     search: str = "beam"
     """beam: fairseq2's beam search (exact speculation); sample: fairseq2's sampling
     (speculative sampling: the same distribution of outputs)."""
     sampler: str = "top_p"
     """sample: top_p or top_k."""
     top_p: float = 0.9
+    """sampler=top_p: draw from the smallest set of tokens whose probabilities sum past
+    this, in (0, 1] (fairseq2's `TopPSampler`)."""
     top_k: int = 50
+    """sampler=top_k: draw from this many most likely tokens (fairseq2's `TopKSampler`)."""
     seed: int = 0
     """sample: seeds torch's generator, which fairseq2's samplers draw from."""
 

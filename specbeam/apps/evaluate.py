@@ -48,6 +48,7 @@ class EvaluateConfig:
     methods: list[str] = field(default_factory=lambda: ["beam", "spec_beam"])
     """Names of conf/decoding/*.yaml; the first is the reference."""
     split: str = "test"
+    """The task's split the methods decode (`<split>.tsv` or plain files in task.data_dir)."""
     limit: int = 0
     """Evaluate the first n sentences of the split; 0 = all."""
     every: int = 1
@@ -55,6 +56,8 @@ class EvaluateConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     """Batch 1 gives latency; larger batches give throughput. Quality comes from the first."""
     output_dir: str | None = None
+    """Where the results and plots are written (relative to the working directory); None:
+    Hydra's run directory."""
 
     def check(self) -> None:
         """The settings only this app has, before any model is loaded or sentence decoded:

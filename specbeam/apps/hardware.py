@@ -37,18 +37,21 @@ class HardwareConfig(MachineSettings):
     device, threads, precisions and batching."""
 
     name: str = "cpu"
+    """The hardware config's name, that of its file (conf/hardware/<name>.yaml or the
+    user's); calibrate keeps a user config's other `tuned` entries."""
     device: str = "cpu"
     """cpu, or cuda where torch sees a GPU (not yet measured by this project)."""
     threads: int = 2
+    """CPU threads torch runs on (`torch.set_num_threads`); ≥ 1."""
     draft_dtype: str = "float32"
     """Precision of the draft model; exactness does not depend on it (verification runs
-    the target's): float32, bfloat16, or int8 (a draft head's products as the target's in
-    `target_dtype=int8`). auto: a draft head in the precision `auto_precision` picks
+    the target's): float32, bfloat16, int8 (a draft head's products as the target's in
+    `target_dtype=int8`) or auto. auto: a draft head in the precision `auto_precision` picks
     here; a draft model in bfloat16 where the CPU computes it natively, else float32."""
     target_dtype: str = "float32"
     """Precision of the target's linear layers (`specbeam.search.quant`; norms, attention
-    and softmax stay fp32): float32, bfloat16 (bf16 products, fp32 sums) or int8 (per-row
-    and per-channel scales). Exact speculative search reproduces plain beam search on the
+    and softmax stay fp32): float32, bfloat16 (bf16 products, fp32 sums), int8 (per-row
+    and per-channel scales) or auto. Exact speculative search reproduces plain beam search on the
     target in this precision. auto: the precision `auto_precision` picks here."""
     batch_tokens: int = 1024
     """Padded source tokens per batch (sentences are grouped by length)."""

@@ -18,9 +18,11 @@ from specbeam.paths import shipped, user_path
 @dataclass(kw_only=True)
 class TaskConfig:
     name: str = "bible_es_en"
+    """The task's name, that of its file (conf/task/<name>.yaml); a label only."""
     src_lang: str = "spa_Latn"
     """The source language code, as the target's tokenizer spells it (NLLB: `spa_Latn`)."""
     tgt_lang: str = "eng_Latn"
+    """The target language code, as the target's tokenizer spells it (NLLB: `eng_Latn`)."""
     data_dir: str = str(shipped("tasks/bible_es_en/data"))
     """The splits' directory: `<split>.tsv` files, or plain files (`text_suffixes`);
     relative to the working directory."""

@@ -302,6 +302,8 @@ class TargetConfig:
     directory unless absolute); its tokenizer is its card's."""
 
     target: str = "bible_es_en_target"
+    """The target model, by asset card name or checkpoint path (`save_model`'s; relative to
+    the working directory unless absolute); a pair's may be "random" (`random_target_arch`)."""
     tokenizer: str | None = None
     """The card whose tokenizer to use; None: the target's card (a target given as a
     checkpoint path or "random" needs one)."""
@@ -334,10 +336,15 @@ class ModelPairConfig(TargetConfig):
     for untrained models of `random_arch` sizes (pipeline checks only)."""
 
     name: str = "bible_es_en"
+    """The pair's name, that of its file (conf/model/<name>.yaml); a label for messages."""
     draft: str | None = "bible_es_en_head"
     """None (or "none"): no draft; only plain decodings run."""
     random_target_arch: ModelArch | None = None
+    """The sizes (`ModelArch`) of the untrained target `target=random` builds; its
+    vocabulary is the tokenizer's."""
     random_draft_arch: ModelArch | None = None
+    """The sizes (`ModelArch`) of the untrained draft model `draft=random` builds; its
+    vocabulary is the tokenizer's."""
 
     def __post_init__(self) -> None:
         if self.draft is not None and self.draft.lower() == "none":

@@ -32,15 +32,29 @@ class BeamSettings:
     """fairseq2's `BeamSearchConfig` (without `algo`): same names, same defaults."""
 
     beam_size: int = 5
+    """Hypotheses kept per step (fairseq2's beam_size); 1: greedy search."""
     min_gen_len: int = 1
+    """Fewest tokens generated (≥ 1), the final EOS included: fairseq2 masks EOS until then."""
     max_gen_len: tuple[float, int] = (1.0, 128)
     """a, b: at most a × (longest source in the batch) + b tokens."""
     max_seq_len: int | None = None
+    """Longest output, the target prompt included, at which fairseq2 forces EOS; None: the
+    model's own limit (a value above it is capped to it)."""
     echo_prompt: bool = False
+    """true: fairseq2 returns each output with its target prompt (e.g. the language token)
+    before the generated tokens; false: the generated tokens only."""
     normalize_scores: bool = True
+    """true: fairseq2 divides a finished hypothesis' log-probability by its length to the
+    power `len_penalty`, and ranks by that; false: by the sum itself."""
     temperature: float = 1.0
+    """fairseq2 divides the logits by this before the softmax: > 1 flattens the
+    distribution, < 1 sharpens it; > 0."""
     unk_penalty: float = 0.0
+    """fairseq2 subtracts this from the UNK token's log-probability at every step: > 0
+    gives fewer UNKs, < 0 more."""
     len_penalty: float = 1.0
+    """The power of the length a normalized score is divided by (`normalize_scores`):
+    < 1 favours shorter outputs, > 1 longer ones."""
     prefill_chunk_size: int | None = 512
     """Accepted for drop-in compatibility: the prompt is decoded in the first pass."""
     decode_capacity_increment: int | None = 16
@@ -78,8 +92,12 @@ class SpeculationSettings:
     max_draft_nodes: int | None = None
     """Verify only each source's this many most likely drafted nodes; None: all."""
     draft_branch: int = 2
+    """topm: children per branching node, the draft's best tokens there; ≥ 1."""
     draft_branch_depth: int = 1
+    """topm: tree levels that may branch, from the first; deeper levels continue greedily."""
     draft_branch_below: float = 1.0
+    """topm: a node branches only where the draft's best token has probability below this,
+    in (0, 1]; 1.0: every node branches."""
     draft_prune_margin: float | None = None
     """Drop nodes scoring more than this below their level's k-th best; None: keep."""
     gamma_bounds: tuple[int, int] | None = None

@@ -43,11 +43,18 @@ log = logging.getLogger("specbeam.distill")
 @dataclass(kw_only=True)
 class DistillConfig(PipelineConfig):
     split: str = "train"
+    """The task's split whose sources the target translates."""
     out_dir: str = "~/.cache/specbeam/distill"
+    """Where the chunks (`chunks/`) and then the merged `<split>.tsv` are written; a rerun
+    with the same settings resumes there."""
     chunk_size: int = 256
+    """Pairs per chunk: the unit of writing, resuming and sharding; ≥ 1."""
     shard: str = "0/1"
     """i/n: this process translates chunks c with c % n == i."""
     merge_only: bool = False
+    """true: translate nothing, only join the chunks every shard wrote into
+    `<out_dir>/<split>.tsv`; false: translate this shard's missing chunks first, then merge
+    if none is missing."""
 
 
 ConfigStore.instance().store(name="distill_schema", node=DistillConfig)

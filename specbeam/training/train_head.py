@@ -79,7 +79,10 @@ class TrainHeadConfig:
     data_cache: str = "~/.cache/specbeam/distill/head_states.pt"
     """Where the target's states and top k over `data` are stored (computed if missing)."""
     out_dir: str = "~/.cache/specbeam/head"
+    """Where last.pt (which a rerun resumes from), best.pt, history.json and curves.png
+    are written."""
     num_layers: int = 1
+    """The head's decoder layers, initialised from the target's last ones; `init` overrides it."""
     feature_layers: list[int] = field(default_factory=list)
     """The target's lower decoder layers the head also reads (EAGLE-3; `head.py`)."""
     init: str = ""
@@ -89,6 +92,8 @@ class TrainHeadConfig:
     fusion then starts as the choice of the final state. A run that resumes from
     `out_dir` ignores it."""
     top_k: int = 16
+    """The target's k most likely tokens per position, whose renormalised distribution the
+    head learns by cross-entropy (HASS's top-K distillation)."""
     unroll: int = 3
     """Drafting steps trained per position (the depth the head drafts to)."""
     state_weight: float = 0.5
@@ -96,19 +101,30 @@ class TrainHeadConfig:
     max_tokens: int = 4000
     """Padded source + target tokens per batch."""
     lr: float = 5e-4
+    """Peak AdamW learning rate, reached at `warmup_steps`, then decaying as 1/√step."""
     warmup_steps: int = 200
+    """Optimizer steps of linear warm-up to `lr`."""
     clip_norm: float = 1.0
+    """Gradients are clipped to this total norm."""
     max_epochs: int = 10
+    """Epochs over the training pairs in all (a resumed run continues up to this many)."""
     time_budget_minutes: float = 0.0
     """Stop (with a checkpoint) after this much wall time in this run; 0 = no limit."""
     checkpoint_every_minutes: float = 10.0
+    """Wall-clock minutes between checkpoints (`last.pt`), besides one after each epoch."""
     valid_pairs: int = 500
     """Pairs held out (a fixed random choice) for the validation metrics; at most a tenth
     of the data (at least 1), so a small corpus holds out fewer."""
     valid_every_steps: int = 250
+    """Optimizer steps between validations (one also ends each epoch); each saves best.pt
+    when it is the best so far."""
     threads: int = 2
+    """CPU threads torch runs on (`torch.set_num_threads`)."""
     bf16: bool = True
+    """Run the target (computing `data_cache`) and the head's training under bf16 autocast;
+    false: fp32."""
     seed: int = 1
+    """Seeds the held-out choice, each epoch's batch order and torch's generator."""
 
 
 ConfigStore.instance().store(name="train_head_schema", node=TrainHeadConfig)
