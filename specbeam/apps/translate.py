@@ -556,9 +556,9 @@ def translate_chunk(
             on_line(i, output(i), records[i])
 
     def on_truncate(indices: list[int]) -> None:
-        lines = sorted({owner[p] for p in indices})
-        numbers = ", ".join(str(number[k]) for k in lines)
-        what = f"line {numbers} exceeds" if len(lines) == 1 else f"lines {numbers} exceed"
+        cut = sorted({owner[p] for p in indices})
+        numbers = ", ".join(str(number[k]) for k in cut)
+        what = f"line {numbers} exceeds" if len(cut) == 1 else f"lines {numbers} exceed"
         limit = generator.model.max_source_seq_len
         log.warning("%s the model's %d source tokens; translated the first %d", what, limit, limit)
 
