@@ -395,27 +395,6 @@ def _read_ahead(
                 "those lines again"
             ) from None
     return ahead, pieces
-    for number, row in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        try:
-            kept = json.loads(row)
-            index = int(kept.pop("index"))
-            if "piece" in kept:
-                piece = int(kept.pop("piece"))
-                nbest, record = list(kept["nbest"]), dict(kept["record"])
-            else:
-                text, record = str(kept["text"]), dict(kept["record"])
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise ValueError(
-                f"{path}:{number}: not a line specbeam kept; delete the file to translate "
-                "those lines again"
-            ) from None
-        if index < done:
-            continue
-        if "piece" in row and piece is not None and "nbest" in kept:
-            pieces[index, piece] = {"nbest": nbest, "record": record}
-        else:
-            ahead[index] = (text, record)
-    return ahead, pieces
 
 
 def input_digest(data: bytes) -> str:
