@@ -51,9 +51,9 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.evaluate import EvaluateConfig
 from specbeam.integration.hub import is_path
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
-from specbeam.search.cpu import cpu_kind
+from specbeam.kernels.cpu import cpu_kind
+from specbeam.kernels.runtime import Runtime
 from specbeam.search.planner import LinearCost, PassShape
-from specbeam.search.runtime import Runtime
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

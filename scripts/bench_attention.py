@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from specbeam.search import attention, native
-from specbeam.search.cpu import cpu_kind
+from specbeam.kernels import attention, native
+from specbeam.kernels.cpu import cpu_kind
 
 HEADS, HEAD_DIM, SOURCE_LEN = 8, 64, 32
 

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specbeam.search.cpu import cpu_kind
+from specbeam.kernels.cpu import cpu_kind
 
 if TYPE_CHECKING:
     import torch
@@ -174,7 +174,7 @@ def prepare(job_path: Path, every: int, limit: int | None) -> None:
     from specbeam.apps.data import token_batches
     from specbeam.apps.decoding import load_decoding
     from specbeam.apps.inference import encode_sources, target_prompt
-    from specbeam.search import onednn
+    from specbeam.kernels import onednn
 
     cfg = load_config("bible_es_en", "cpu")
     models = Models.load(cfg)

@@ -43,7 +43,7 @@ from bench_ctranslate2 import others_cpu, processes
 from sacrebleu.metrics import BLEU
 from tqdm import tqdm
 
-from specbeam.search.cpu import cpu_kind
+from specbeam.kernels.cpu import cpu_kind
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -22,8 +22,8 @@ import torch
 from bench_attention import interleaved, table_row
 from torch import Tensor
 
-from specbeam.search import native, onednn
-from specbeam.search.cpu import cpu_kind
+from specbeam.kernels import native, onednn
+from specbeam.kernels.cpu import cpu_kind
 
 SHAPES = {
     "q, k, v": (1536, 512),

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_quant.py                      # 1, 5, 27, 100 slots
     .venv/bin/python scripts/bench_quant.py --slots 1 5 --repeats 50
 
-One target per precision (`specbeam.search.quant`), each timed as verification times it
+One target per precision (`specbeam.kernels.quant`), each timed as verification times it
 (`specbeam.apps.calibrate.CallTimer`: one source, 5 hypotheses of a 30-token prefix, the
 lean decoder and the projection of every slot); every precision and slot count in turn,
 repeated, so machine noise falls alike. Prints min and median ms per call.
@@ -24,7 +24,7 @@ from bench import load_config  # noqa: E402
 
 from specbeam.apps.calibrate import CallTimer  # noqa: E402
 from specbeam.integration.models import open_pair  # noqa: E402
-from specbeam.search import quant  # noqa: E402
+from specbeam.kernels import quant  # noqa: E402
 
 PRECISIONS = ("float32", *quant.PRECISIONS)
 

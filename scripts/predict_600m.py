@@ -39,12 +39,12 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.cards import random_nllb_cards
 from specbeam.integration.models import ModelPairConfig, num_parameters, open_pair
+from specbeam.kernels.cpu import cpu_kind
+from specbeam.kernels.runtime import Runtime
 from specbeam.paths import SHIPPED
-from specbeam.search.cpu import cpu_kind
 from specbeam.search.draft import DraftShape
 from specbeam.search.head import HeadArch
 from specbeam.search.planner import LinearCost, PassShape, PlanCosts, beside_calls_ms
-from specbeam.search.runtime import Runtime
 
 NAME = "dense_600m_random"
 TOKENIZER_CARD = "bible_es_en_target"

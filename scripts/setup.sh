@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Required: libsndfile1 (fairseq2n refuses to import without it); g++ builds the lean
-# decoders' native layers (specbeam/search/native.py), which the tests check.
+# decoders' native layers (specbeam/kernels/native.py), which the tests check.
 # Optional: sword-text-*, the Bible modules the embedded task is built from, read only by a
 # rebuild (tasks/bible_es_en/prepare.py) and its test, not by translation.
 REQUIRED=(libsndfile1 g++)

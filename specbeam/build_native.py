@@ -1,6 +1,6 @@
-"""`python -m specbeam.build_native`: build the lean decoders' native layers once (`specbeam/search/native.py`)."""
+"""`python -m specbeam.build_native`: build the lean decoders' native layers once (`specbeam/kernels/native.py`)."""
 
-from specbeam.search.native import main
+from specbeam.kernels.native import main
 
 if __name__ == "__main__":
     main()

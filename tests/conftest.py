@@ -19,9 +19,9 @@ from fairseq2.models.transformer import TransformerModel
 
 from specbeam.apps.data import pad
 from specbeam.integration.models import ModelArch, build_model
-from specbeam.search import attention
+from specbeam.kernels import attention
+from specbeam.kernels.runtime import Runtime
 from specbeam.search.head import DraftHead, HeadArch
-from specbeam.search.runtime import Runtime
 
 # Tiny models gain nothing from intra-op threads, and lose a lot when the machine is busy.
 torch.set_num_threads(1)

@@ -55,11 +55,11 @@ from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
+from specbeam.kernels.runtime import Runtime
 from specbeam.paths import SHIPPED, shipped, user_config_dir, user_path
 from specbeam.plural import counted
 from specbeam.search.draft import DraftShape
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
-from specbeam.search.runtime import Runtime
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
 

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from specbeam.apps.decoding import reaching
 from specbeam.integration.models import Draft, LoadedPair, cast_draft
+from specbeam.kernels import cpu, onednn, quant
 from specbeam.paths import config_file
-from specbeam.search import cpu, onednn, quant
 from specbeam.search.config import MachineSettings
 from specbeam.search.head import DraftHead
 from specbeam.search.planner import PlanCosts
@@ -49,7 +49,7 @@ class HardwareConfig(MachineSettings):
     `target_dtype=int8`) or auto. auto: a draft head in the precision `auto_precision` picks
     here; a draft model in bfloat16 where the CPU computes it natively, else float32."""
     target_dtype: str = "float32"
-    """Precision of the target's linear layers (`specbeam.search.quant`; norms, attention
+    """Precision of the target's linear layers (`specbeam.kernels.quant`; norms, attention
     and softmax stay fp32): float32, bfloat16 (bf16 products, fp32 sums), int8 (per-row
     and per-channel scales) or auto. Exact speculative search reproduces plain beam search on the
     target in this precision. auto: the precision `auto_precision` picks here."""

@@ -1,2 +1,3 @@
 """The decoding algorithms: speculative generators and their parts (drafter, verifier,
-acceptor, draft trees, tree attention, speculative KV caches, lean decoders)."""
+acceptor, draft trees, tree attention, speculative KV caches), over the kernels below
+(`specbeam.kernels`)."""

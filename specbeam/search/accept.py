@@ -19,7 +19,7 @@ in fairseq2's search there. Each step keeps its parents, tokens and scores; the
 hypotheses' tokens and scores are written once, at the end (`_Replay`). Beam 1 over a
 linear draft (spec greedy) ranks all steps of a pass in one batch instead.
 
-Where the native extension is built (`specbeam.search.native`) and no step processors
+Where the native extension is built (`specbeam.kernels.native`) and no step processors
 take part, all of it, a relaxation included, runs compiled (csrc/accept.cpp), scoring only
 the slots the replay reads: a pass's acceptance then costs less than half of the torch
 replay's (docs/bench.md). The Python loops remain for the rest, and the tests hold both to
@@ -36,7 +36,7 @@ import torch
 from fairseq2.generation import Hypothesis
 from torch import Tensor
 
-from specbeam.search import native
+from specbeam.kernels import native
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.relax import Relaxation, relaxed_step
 from specbeam.search.rules import ScoringRules

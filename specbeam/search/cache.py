@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from typing import final
 
 import torch
-from fairseq2.models.transformer import AttentionState
 from torch import Tensor
 from typing_extensions import override
 
-from specbeam.search import native
-from specbeam.search.runtime import Runtime
+from specbeam.kernels import native
+from specbeam.kernels.runtime import Runtime
+from specbeam.kernels.states import SlottedSelfAttentionState
 
 
 def surviving_rows(done: Tensor) -> Tensor:
@@ -248,7 +248,7 @@ class SpeculativeKVCache:
 
 
 @final
-class SpeculativeSelfAttentionState(AttentionState):
+class SpeculativeSelfAttentionState(SlottedSelfAttentionState):
     """A decoder self-attention layer's view of the shared speculative cache."""
 
     def __init__(self, cache: SpeculativeKVCache, layer: int) -> None:
@@ -266,9 +266,8 @@ class SpeculativeSelfAttentionState(AttentionState):
         flat[self._layer, 0, :, start : start + self._new] = k
         flat[self._layer, 1, :, start : start + self._new] = v
 
+    @override
     def buffers(self) -> tuple[Tensor, Tensor, int]:
-        """This layer's keys and values (S, keys, H, D) and where a call's new slots go:
-        what `append` and `get` use, for the native layers (`specbeam.search.native`)."""
         cache = self._cache
         flat = cache.flat()
         return flat[self._layer, 0], flat[self._layer, 1], cache.prefix_keys() + cache.spec_len
@@ -291,36 +290,3 @@ class SpeculativeSelfAttentionState(AttentionState):
     @override
     def capacity_bytes(self) -> int:
         return self._cache.nbytes() // self._cache.buf.size(0)
-
-
-@final
-class CrossAttentionState(AttentionState):
-    """Encoder-decoder keys/values, one row per source.
-
-    fairseq2's `StaticAttentionState.reorder` skips permutations that keep the batch
-    size, which would leave cross-attention keys of the wrong source; this one does not.
-    """
-
-    def __init__(self, k: Tensor, v: Tensor) -> None:
-        self._k, self._v = k, v
-
-    @override
-    def append(self, k: Tensor, v: Tensor) -> None:
-        raise RuntimeError("cross-attention keys are static")
-
-    @override
-    def get(self) -> tuple[Tensor, Tensor]:
-        return self._k, self._v
-
-    @override
-    def reorder(self, new_order: Tensor) -> None:
-        self._k = self._k.index_select(0, new_order)
-        self._v = self._v.index_select(0, new_order)
-
-    @override
-    def size_bytes(self) -> int:
-        return self.capacity_bytes()
-
-    @override
-    def capacity_bytes(self) -> int:
-        return 2 * self._k.numel() * self._k.element_size()

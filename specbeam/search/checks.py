@@ -26,7 +26,7 @@ def check_pair(model: Seq2SeqModel, draft: Seq2SeqModel | DraftHead | None) -> N
             "the target's parameters are %s: the output is exact (fairseq2's beam search's, "
             "the same with and without a draft) for a float32 target only, because "
             "half-precision sums depend on how many rows a product computes; "
-            "specbeam.search.quant.quantize runs a float32 target's products in bfloat16 "
+            "specbeam.kernels.quant.quantize runs a float32 target's products in bfloat16 "
             "or int8 exactly to itself",
             dtype,
         )

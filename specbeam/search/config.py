@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specbeam.kernels.runtime import RuntimeConfig
 from specbeam.search.draft import DraftShape
 from specbeam.search.memory import MB
 from specbeam.search.planner import Gate, PassShape, PlanCosts, Planner
 from specbeam.search.relax import Relaxation
-from specbeam.search.runtime import RuntimeConfig
 
 PLAIN_KINDS: tuple[str, ...] = ("lean", "fairseq2", "auto")
 
@@ -130,7 +130,7 @@ class SpeculationSettings:
     `BeamSearchSeq2SeqGenerator`), or auto (lean where the linears run on oneDNN or for
     one source, else fairseq2's)."""
     lean_draft: bool = True
-    """Run the draft's decoder as plain tensor ops (`specbeam.search.lean_decoder`)."""
+    """Run the draft's decoder as plain tensor ops (`specbeam.kernels.lean_decoder`)."""
     lean_target: bool = True
     """The same for the target's decoder (logits within 1e-5 of fairseq2's)."""
 

@@ -24,7 +24,7 @@ from typing import Literal, Protocol, final
 import torch
 from torch import Tensor
 
-from specbeam.search.onednn import linear
+from specbeam.kernels.onednn import linear
 from specbeam.search.rules import ScoringRules
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree

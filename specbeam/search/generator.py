@@ -32,7 +32,8 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from specbeam.search import onednn
+from specbeam.kernels import onednn
+from specbeam.kernels.runtime import Runtime, in_own_runtime
 from specbeam.search.accept import Acceptance, BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.cache import surviving_rows
@@ -51,7 +52,6 @@ from specbeam.search.memory import (
 )
 from specbeam.search.planner import PassShape, Planner
 from specbeam.search.rules import ScoringRules, length_limits
-from specbeam.search.runtime import Runtime, in_own_runtime
 from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder

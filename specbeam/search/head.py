@@ -36,8 +36,8 @@ from fairseq2.models.transformer import (
 from fairseq2.nn import Linear
 from torch import Tensor, nn
 
-from specbeam.search import quant
-from specbeam.search.onednn import linear
+from specbeam.kernels import quant
+from specbeam.kernels.onednn import linear
 from specbeam.search.stored import stored_settings
 
 HEAD_KIND = "draft_head"
@@ -111,7 +111,7 @@ class DraftHead(nn.Module):
     def draft_projection(self, size: int, excluded: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
         """The `size` most frequent tokens but `excluded` and the rows of the output
         projection that score them, kept per size: a new weight tensor would be packed
-        again by every call (specbeam/search/onednn.py)."""
+        again by every call (specbeam/kernels/onednn.py)."""
         key = (size, excluded)
         if key not in self._projections:
             if self.vocab is None:
@@ -167,7 +167,7 @@ class DraftHead(nn.Module):
         return self
 
     def quantize(self, precision: str) -> DraftHead:
-        """The head's products in `precision` (`specbeam.search.quant`), its fp32 weights
+        """The head's products in `precision` (`specbeam.kernels.quant`), its fp32 weights
         kept: its own layers, and a copy of the target's projection (verification runs
         the target's own in the target's precision)."""
         quant.quantize(self.decoder.layers, precision)

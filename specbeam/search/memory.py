@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fairseq2.models.transformer import TransformerModel
 
-MB = 2**20  # hardware.memory_budget_mb counts these
+from specbeam.kernels.runtime import MB
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from torch.nn.functional import softmax
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from specbeam.kernels.runtime import Runtime, in_own_runtime
 from specbeam.search.accept import Acceptance
 from specbeam.search.checks import check_call, check_pair
 from specbeam.search.config import SpeculativeSearchConfig
@@ -40,7 +41,6 @@ from specbeam.search.head import DraftHead
 from specbeam.search.loop import SpeculativeLoop
 from specbeam.search.memory import cache_capacity, checked_increment, head_chain_len
 from specbeam.search.rules import ScoringRules, length_limits
-from specbeam.search.runtime import Runtime, in_own_runtime
 from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder

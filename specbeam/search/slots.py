@@ -8,7 +8,7 @@ from typing import final
 import torch
 from torch import Tensor
 
-from specbeam.search import native
+from specbeam.kernels import native
 
 
 @final

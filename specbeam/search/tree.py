@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specbeam.search import native
+from specbeam.kernels import native
 from specbeam.search.slots import SlotTable
 
 

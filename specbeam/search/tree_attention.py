@@ -35,18 +35,19 @@ from fairseq2.nn import (
 from torch import Tensor
 from typing_extensions import override
 
-from specbeam.search import attention, native
-from specbeam.search.cache import CrossAttentionState, SpeculativeKVCache
-from specbeam.search.head import DraftHead
-from specbeam.search.lean_decoder import (
+from specbeam.kernels import attention, native
+from specbeam.kernels.lean_decoder import (
     LeanDecoder,
     Packing,
     cross_keys,
     lean_problem,
     padding_bias,
 )
-from specbeam.search.lean_encoder import MAX_TOKENS, encode, encoder_problem
-from specbeam.search.onednn import linear
+from specbeam.kernels.lean_encoder import MAX_TOKENS, encode, encoder_problem
+from specbeam.kernels.onednn import linear
+from specbeam.kernels.states import CrossAttentionState
+from specbeam.search.cache import SpeculativeKVCache
+from specbeam.search.head import DraftHead
 from specbeam.search.peak_cache import observe
 
 log = logging.getLogger(__name__)

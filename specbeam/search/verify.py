@@ -8,7 +8,7 @@ from typing import final
 import torch
 from torch import Tensor
 
-from specbeam.search import native
+from specbeam.kernels import native
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
 from specbeam.search.tree_attention import TreeDecoder

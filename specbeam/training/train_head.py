@@ -48,10 +48,7 @@ from specbeam.integration.models import (
     load_target,
     save_head,
 )
-from specbeam.paths import SHIPPED, user_path
-from specbeam.plural import counted
-from specbeam.search.head import DraftHead, HeadArch
-from specbeam.search.lean_decoder import (
+from specbeam.kernels.lean_decoder import (
     KeysWith,
     cross_keys,
     decoder_layer,
@@ -59,6 +56,9 @@ from specbeam.search.lean_decoder import (
     lean_problem,
     padding_bias,
 )
+from specbeam.paths import SHIPPED, user_path
+from specbeam.plural import counted
+from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.tree_attention import embed_at
 from specbeam.training import head_data
 from specbeam.training.head_data import HeadBatch, HeadData

@@ -7,8 +7,8 @@ from fairseq2.nn import Projection
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.integration.models import LoadedPair
-from specbeam.search import attention, cpu, onednn, quant
-from specbeam.search import native as nativelib
+from specbeam.kernels import attention, cpu, onednn, quant
+from specbeam.kernels import native as nativelib
 from specbeam.search.head import DraftHead, HeadArch
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specbeam.search import onednn
+from specbeam.kernels import onednn
 from tests.scripts.conftest import REPO
 
 BASE, SPEC = "fairseq2 beam", "specbeam spec_beam"

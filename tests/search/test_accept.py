@@ -10,7 +10,7 @@ import pytest
 import torch
 from fairseq2.generation.step_processor import StepProcessor
 
-from specbeam.search import native
+from specbeam.kernels import native
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.beam import BeamState, HypothesisFactory
 from specbeam.search.relax import Relaxation

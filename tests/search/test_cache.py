@@ -11,12 +11,8 @@ from hypothesis import strategies as st
 from torch.nn.functional import log_softmax
 
 from specbeam.apps.data import pad
-from specbeam.search.cache import (
-    CrossAttentionState,
-    SpeculativeKVCache,
-    surviving_rows,
-)
-from specbeam.search.runtime import Runtime, RuntimeConfig
+from specbeam.kernels.runtime import Runtime, RuntimeConfig
+from specbeam.search.cache import SpeculativeKVCache, surviving_rows
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources
@@ -213,16 +209,6 @@ def test_preallocated_cache_refuses_to_grow() -> None:
     cache.reserve(2 * 16 - 6)
     with pytest.raises(RuntimeError, match="capacity was sized too small"):
         cache.reserve(2 * 16 - 5)
-
-
-def test_cross_attention_reorders_same_size_permutation() -> None:
-    """fairseq2's StaticAttentionState skips this case; ours must not."""
-    k = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 1, 4).clone()
-    state = CrossAttentionState(k, k + 10)
-    state.reorder(torch.tensor([2, 0, 1]))
-    keys, values = state.get()
-    assert keys[:, 0, 0, 0].tolist() == [2.0, 0.0, 1.0]
-    assert values[:, 0, 0, 0].tolist() == [12.0, 10.0, 11.0]
 
 
 def full_pass_lprobs(model, src: torch.Tensor, path: list[int]) -> torch.Tensor:

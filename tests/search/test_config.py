@@ -9,6 +9,7 @@ import pytest
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.recipe.config import BeamSearchConfig
 
+from specbeam.kernels.runtime import RuntimeConfig
 from specbeam.search.config import (
     BeamSettings,
     MachineSettings,
@@ -16,7 +17,6 @@ from specbeam.search.config import (
     SpeculativeSearchConfig,
     settings_of,
 )
-from specbeam.search.runtime import RuntimeConfig
 
 STORED = {"target": [10.3, 0.3], "draft": [1.9, 0.03], "accept_ms": 1.0, "plain_step_ms": 1.5}
 

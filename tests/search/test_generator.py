@@ -20,7 +20,7 @@ from fairseq2.generation.step_processor import NGramRepeatBlockProcessor
 
 from specbeam.apps.data import pad
 from specbeam.integration.models import build_shallow_draft
-from specbeam.search import lean_decoder
+from specbeam.kernels import lean_decoder
 from specbeam.search.accept import BeamAcceptor
 from specbeam.search.config import SearchSettings, SpeculativeSearchConfig
 from specbeam.search.draft import Drafter

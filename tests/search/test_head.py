@@ -17,7 +17,7 @@ from specbeam.integration.models import (
     save_head,
     save_model,
 )
-from specbeam.search import quant
+from specbeam.kernels import quant
 from specbeam.search.head import DraftHead, HeadArch
 from tests.conftest import TARGET_ARCH
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from specbeam.apps.data import pad
-from specbeam.search import accept, native, onednn
+from specbeam.kernels import native, onednn
+from specbeam.search import accept
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from tests.conftest import PROMPT, sources

@@ -10,8 +10,8 @@ import torch
 from fairseq2.models.transformer import TransformerNormOrder
 
 from specbeam.apps.data import pad
+from specbeam.kernels.lean_encoder import encode, encoder_problem
 from specbeam.search import tree_attention
-from specbeam.search.lean_encoder import encode, encoder_problem
 from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources
 from tests.search.test_tree_attention import TOL

@@ -28,8 +28,9 @@ from fairseq2.nn import Linear, StandardLayerNorm
 from torch import Tensor
 from torch.nn.functional import layer_norm
 
-from specbeam.search import attention, native, quant
-from specbeam.search.onednn import linear, linears
+from specbeam.kernels import attention, native, quant
+from specbeam.kernels.native_layers import NativeLayers
+from specbeam.kernels.onednn import linear, linears
 
 
 def lean_problem(decoder: TransformerDecoder) -> str | None:
@@ -78,7 +79,7 @@ def _heads(x: Tensor, head_dim: int) -> Tensor:
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, ordered: bool = False) -> Tensor:
     """q (S, T, H, D), k and v (S, K, H, D), bias (S, 1, T, K) or None -> (S, T, H·D).
 
-    Where `specbeam.search.attention`'s kernel runs, every model attends through it (as the
+    Where `specbeam.kernels.attention`'s kernel runs, every model attends through it (as the
     native layers do): it skips the keys a query does not see, and a beam's query sees one
     of the k prefixes the cache interleaves, so at a beam's shapes it is several times
     faster than torch's SDPA (docs/bench.md). It has no backward: a head's training runs
@@ -206,9 +207,9 @@ class LeanDecoder:
         self.decoder = decoder
         self.self_states = self_states
         self.cross_states = cross_states
-        self.native: native.NativeLayers | None = None
-        if native.NativeLayers.problem(decoder, self_states, cross_states) is None:
-            self.native = native.NativeLayers(decoder, self_states, cross_states)  # type: ignore[arg-type]
+        self.native: NativeLayers | None = None
+        if NativeLayers.problem(decoder, self_states, cross_states) is None:
+            self.native = NativeLayers(decoder, self_states, cross_states)  # type: ignore[arg-type]
 
     def __call__(
         self,

@@ -1,8 +1,8 @@
-// The lean decoder's layer loop (specbeam/search/lean_decoder.py) in C++: the same ATen
+// The lean decoder's layer loop (specbeam/kernels/lean_decoder.py) in C++: the same ATen
 // ops on the same tensors, in the same order, so the same numbers. Called once per
 // decoder call instead of ~30 Python-dispatched ops per layer: on a 2-core CPU a call
 // streams the weights through the caches, and every small op after a product then pays
-// for an evicted interpreter (specbeam/search/native.py has the measurements).
+// for an evicted interpreter (specbeam/kernels/native.py has the measurements).
 #include "native.h"
 #include "vec.h"
 
@@ -16,7 +16,7 @@
 
 namespace {
 
-// Product kinds, as specbeam.search.onednn: TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS,
+// Product kinds, as specbeam.kernels.onednn: TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS,
 // INT8_FBGEMM.
 constexpr int64_t kTorch = 0, kMkl = 1, kOnednn = 2, kBf16 = 3, kInt8 = 4, kFewRows = 5,
                   kInt8Fbgemm = 6;

@@ -21,12 +21,12 @@ does, so a product's result for a row must not depend on the rows beside it:
 
 Rounding to 8 bits is not continuous: an input one fp32 ulp away from a rounding
 boundary lands on the other side. So the attention between the products must not depend
-on a row's company either (`specbeam.search.attention`).
+on a row's company either (`specbeam.kernels.attention`).
 
 The model keeps its fp32 weights; `quantize` marks them and swaps its fairseq2 linear
 modules for ones that run the same products (and its attention's SDPA), so fairseq2's
 own generators on the module, the lean decoders and the native layers
-(`specbeam.search.onednn.resolve`) compute the same numbers.
+(`specbeam.kernels.onednn.resolve`) compute the same numbers.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ import torch
 from fairseq2.nn import ColumnShardedLinear, Linear, RowShardedLinear, TiedProjection
 from torch import Tensor
 from torch.nn import Module
+
+from specbeam.kernels import attention, cpu, native
 
 PRECISIONS = ("bfloat16", "int8")
 """Reduced precisions of the target's products (float32: none)."""
@@ -121,8 +123,6 @@ FBGEMM_MAX_ROWS = 16
 def int8_dot() -> bool:
     """Whether this CPU has int8 dot products (VNNI or AMX), which `torch._int_mm` runs on
     oneDNN. Without them (AVX2 alone) `_int_mm` is a scalar loop."""
-    from specbeam.search import cpu
-
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(cpu.cpu_flags()))
 
 
@@ -130,8 +130,6 @@ def fbgemm_sums() -> ModuleType | None:
     """The extension whose fbgemm GEMM sums int8 products, on a CPU with AVX2 where it is
     built (whatever `hardware.native` says: the sums are the same integers on either
     kernel); None: `torch._int_mm` sums them."""
-    from specbeam.search import cpu, native  # native imports this module
-
     if "avx2" not in cpu.cpu_flags():
         return None
     return native.build()
@@ -141,8 +139,6 @@ def fbgemm_rows() -> int:
     """Rows up to which int8 sums run on fbgemm: `FBGEMM_MAX_ROWS` where `_int_mm` has
     AMX, none without the extension, else all (`docs/bench.md`, "Figures behind design
     choices")."""
-    from specbeam.search import cpu
-
     if fbgemm_sums() is None:
         return 0
     return FBGEMM_MAX_ROWS if "amx_int8" in cpu.cpu_flags() else sys.maxsize
@@ -200,8 +196,6 @@ def int8_product(x: Tensor, copy: Quantized, bias: Tensor | None) -> Tensor:
     assert copy.scales is not None
     rows = x.numel() // x.size(-1)
     if copy.on_fbgemm(rows):
-        from specbeam.search import native  # which imports this module
-
         extension = native.build()
         assert extension is not None and copy.fbgemm is not None
         return extension.int8_product(x, True, copy.fbgemm, copy.scales, bias)
@@ -271,14 +265,14 @@ def _swappable(module: Module) -> bool:
 
 
 def attends_in_order(attn: Module) -> bool:
-    """Whether `attn` (an attention module) attends through `specbeam.search.attention`,
+    """Whether `attn` (an attention module) attends through `specbeam.kernels.attention`,
     in the lean and native layers: its products are quantized."""
     return precision_of(attn.output_proj.weight) is not None
 
 
 def quantize(model: Module, precision: str) -> Module:
     """Marks every fairseq2 linear layer of `model` (the final projection included) to
-    run in `precision`, and its attention to run as `specbeam.search.attention` says;
+    run in `precision`, and its attention to run as `specbeam.kernels.attention` says;
     float32 leaves it as it is. In place; the fp32 weights stay."""
     if precision == "float32":
         return model
@@ -288,8 +282,6 @@ def quantize(model: Module, precision: str) -> Module:
     odd = next((m.weight for m in projections if m.weight.dtype != torch.float32), None)
     if odd is not None:
         raise ValueError(f"its linear layers are {odd.dtype}: only float32 weights are quantized")
-    from specbeam.search import attention  # which reads this module's marks
-
     problem = attention.order_problem(model)
     if problem is not None:
         raise ValueError(problem)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fairseq2.models.transformer import NaiveSDPA, StandardMultiheadAttention
 
-from specbeam.search import attention, native, quant
+from specbeam.kernels import attention, native, quant
 
 HEADS = 3
 

@@ -28,15 +28,15 @@ import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
-from specbeam.search import quant
-from specbeam.search.runtime import Runtime
+from specbeam.kernels import cpu, quant
+from specbeam.kernels import native as compiled
+from specbeam.kernels.runtime import Runtime
 
 
 class _PerTensor:
@@ -158,14 +158,14 @@ class _RowPacks:
 
 TORCH, MKL, ONEDNN, BF16, INT8, FEW_ROWS, INT8_FBGEMM = 0, 1, 2, 3, 4, 5, 6
 """How a `Product` runs: `torch.nn.functional.linear`, MKL's packed GEMM, oneDNN's, a
-weight's reduced precision (`specbeam.search.quant`: int8 sums on `_int_mm` or on
+weight's reduced precision (`specbeam.kernels.quant`: int8 sums on `_int_mm` or on
 fbgemm), or the extension's few-row product."""
 
 
 @dataclass(frozen=True, slots=True)
 class Product:
     """One product x @ weight.T + bias, resolved for a call's row count and dtype: which
-    kernel runs it, on which packed copy. The native layers (`specbeam.search.native`)
+    kernel runs it, on which packed copy. The native layers (`specbeam.kernels.native`)
     run the same resolution, so both paths compute the same numbers."""
 
     kind: int
@@ -197,7 +197,7 @@ class Product:
         if self.kind == ONEDNN:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.kind == FEW_ROWS:
-            return _native().build().few_rows_product(x, self.weight, self.bias)
+            return compiled.build().few_rows_product(x, self.weight, self.bias)
         return _torch_linear(x, self.weight, self.bias)
 
 
@@ -223,16 +223,8 @@ def _mkl_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> Product:
     return Product(MKL, weight, bias, copy)
 
 
-def _native() -> ModuleType:
-    from specbeam.search import native  # which imports this module
-
-    return native
-
-
 @functools.cache
 def _avx512() -> bool:
-    from specbeam.search import cpu
-
     return "avx512f" in cpu.cpu_flags()
 
 
@@ -246,7 +238,7 @@ def _own_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> bool:
         and weight.is_contiguous()
         and weight.size(1) % 8 == 0
         and (bias is None or bias.is_contiguous())
-        and _native().module() is not None
+        and compiled.module() is not None
     )
 
 

@@ -19,8 +19,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, final
 import torch
 from torch import Tensor
 
-from specbeam.search.cpu import cpu_info
-from specbeam.search.memory import MB
+from specbeam.kernels.cpu import cpu_info
+
+MB = 2**20  # the settings' megabytes (spare_cache_mb, memory_budget_mb)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -30,13 +31,13 @@ R = TypeVar("R")
 class RuntimeConfig:
     onednn: bool = True
     """Linear layers of the lean decoders through oneDNN with packed weights
-    (`specbeam.search.onednn`); false: PyTorch's default."""
+    (`specbeam.kernels.onednn`); false: PyTorch's default."""
     onednn_min_rows: int | None = None
     """fp32 products of fewer rows run on PyTorch's default (MKL) instead; None: by CPU
     (`default_min_rows`)."""
     native: bool = True
     """The lean decoders' layer loop and exact acceptance compiled
-    (`specbeam.search.native`); false: the same ops in Python."""
+    (`specbeam.kernels.native`); false: the same ops in Python."""
     spare_cache_mb: float = 256
     """MiB of released KV-cache buffers kept for the next call (`SpareBuffers`)."""
 

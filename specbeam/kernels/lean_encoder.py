@@ -1,7 +1,7 @@
 """A pre-LN fairseq2 encoder's forward pass as plain tensor ops.
 
 fairseq2's modules run the encoder on PyTorch's default (MKL) linears; the packed oneDNN
-linears of `specbeam.search.onednn` encode a sentence markedly faster, with outputs within
+linears of `specbeam.kernels.onednn` encode a sentence markedly faster, with outputs within
 fp32 rounding. Decoders on the lean path (`lean_target`) encode here too, for batches of
 at most `MAX_TOKENS` padded source tokens: oneDNN's lead shrinks as the rows grow and is
 lost in the largest batches measured (docs/bench.md).
@@ -20,8 +20,8 @@ from fairseq2.nn import StandardLayerNorm
 from fairseq2.nn.residual import AdditiveResidualConnect
 from torch import Tensor
 
-from specbeam.search import quant
-from specbeam.search.lean_decoder import (
+from specbeam.kernels import quant
+from specbeam.kernels.lean_decoder import (
     _attend,
     _heads,
     _norm,
@@ -30,7 +30,7 @@ from specbeam.search.lean_decoder import (
     feed_forward,
     padding_bias,
 )
-from specbeam.search.onednn import linear, linears
+from specbeam.kernels.onednn import linear, linears
 
 MAX_TOKENS = 1024
 

@@ -6,10 +6,10 @@ import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
 from specbeam.apps.data import pad
-from specbeam.search import native, onednn
+from specbeam.kernels import native, onednn
+from specbeam.kernels.runtime import Runtime, RuntimeConfig, SpareBuffers
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from specbeam.search.runtime import Runtime, RuntimeConfig, SpareBuffers
 from tests.conftest import NLLB_PROMPT, sources
 from tests.search.test_generator import assert_same
 

@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch.nn.functional import linear as torch_linear
 
-from specbeam.search import native, onednn
-from specbeam.search.onednn import linear, linears, packed
+from specbeam.kernels import native, onednn
+from specbeam.kernels.onednn import linear, linears, packed
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN"

@@ -16,9 +16,9 @@ import torch
 import torch.utils.cpp_extension
 
 from specbeam.apps.data import pad
-from specbeam.search import native, onednn
+from specbeam.kernels import native, onednn
+from specbeam.kernels.lean_decoder import Packing
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
-from specbeam.search.lean_decoder import Packing
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder, tree_bias
 from tests.conftest import NLLB_PROMPT, sources
@@ -184,7 +184,7 @@ def test_switched_off_or_unbuildable_it_runs_in_python(
     use_runtime(native=False)
     assert native.module() is None
     use_runtime(native=True)
-    caplog.set_level(logging.WARNING, logger="specbeam.search.native")
+    caplog.set_level(logging.WARNING, logger="specbeam.kernels.native")
 
     def no_compiler(*_args, **_kwargs):
         raise RuntimeError("Error building extension 'specbeam_native'\nc++: not found")

@@ -11,8 +11,8 @@ import torch
 from fairseq2.models.transformer import TransformerNormOrder
 
 from specbeam.apps.data import pad
-from specbeam.search import attention, native
-from specbeam.search.lean_decoder import Packing, _attend, lean_problem
+from specbeam.kernels import attention, native
+from specbeam.kernels.lean_decoder import Packing, _attend, lean_problem
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
 from tests.conftest import sources

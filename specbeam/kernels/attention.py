@@ -1,7 +1,7 @@
 """The lean layers' attention: each query alone, over the keys it sees in key order.
 
 A quantized target rounds attention's outputs to 8 bits in the next product (int8 or
-bf16, `specbeam.search.quant`), and a quantum is ~1e5 fp32 ulps, so a verification must
+bf16, `specbeam.kernels.quant`), and a quantum is ~1e5 fp32 ulps, so a verification must
 compute a query's attention bit for bit as a plain step does. A blocked kernel's sums
 follow where the keys sit and how many queries share the call: a verification's tree
 slots sit beside the cached prefix, other hypotheses' prefixes are interleaved with a
@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.nn.functional import scaled_dot_product_attention
 
-from specbeam.search import native
+from specbeam.kernels import native
 
 MAX_HEAD_DIM = 143
 """The widest head `csrc/attention.cpp` keeps in vector registers (eight 16-lane chunks

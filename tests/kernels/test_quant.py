@@ -15,12 +15,12 @@ import torch
 from fairseq2.nn import Linear, Projection
 
 from specbeam.apps.data import pad
-from specbeam.search import onednn, quant
+from specbeam.kernels import onednn, quant
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead, HeadArch
 from tests.conftest import sources
+from tests.kernels.test_native import test_native_layers_match_the_python_loop_bit_for_bit
 from tests.search.test_generator import Case, assert_same, run_both
-from tests.search.test_native import test_native_layers_match_the_python_loop_bit_for_bit
 
 PRECISIONS = [
     "int8",
@@ -155,7 +155,7 @@ def test_int8_sums_run_on_fbgemm_up_to_its_rows(
     """fbgemm takes every call where the extension is built on AVX2, except those above
     `FBGEMM_MAX_ROWS` rows where `_int_mm` has AMX; weights keep 7 bits where its sums
     would saturate 8-bit ones."""
-    from specbeam.search import cpu, native
+    from specbeam.kernels import cpu, native
 
     extension = native.build()
     if extension is None:

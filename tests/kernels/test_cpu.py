@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from specbeam.search import cpu
+from specbeam.kernels import cpu
 
 ZEN3 = {
     "model name": "AMD EPYC",
@@ -38,7 +38,7 @@ def test_cpu_info_reads_this_machine() -> None:
 
 def test_importing_it_loads_no_torch() -> None:
     """CTranslate2's engine processes name the CPU and must not carry torch."""
-    code = "import sys, specbeam.search.cpu; print('torch' in sys.modules)"
+    code = "import sys, specbeam.kernels.cpu; print('torch' in sys.modules)"
     assert (
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
