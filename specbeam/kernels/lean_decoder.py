@@ -91,8 +91,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, ordered: bool 
 
 MIN_PADDING = 0.1
 """Below this share of padding a call computes every slot: unpacking the logits and the
-layers' attention inputs costs about what the few rows save (docs/bench.md, "Packed
-verification at batch > 1")."""
+layers' attention inputs costs about what the few rows save (docs/bench.md, "Figures
+behind design choices")."""
 
 
 @final
