@@ -1,25 +1,37 @@
-"""specbeam against CTranslate2 on the same target: beam 5, each engine in a process of its own.
+"""specbeam against CTranslate2 at its best on the same target, each engine in a process of its own.
 
     .venv/bin/pip install -e '.[compare]'                  # CTranslate2 (PyPI)
     .venv/bin/python scripts/bench_ctranslate2.py            # every 14th test verse, 3 repeats
     .venv/bin/python scripts/bench_ctranslate2.py --quick    # 4 verses, 1 repeat (smoke test)
-    .venv/bin/python scripts/bench_ctranslate2.py --every 1 --repeats 5
+    .venv/bin/python scripts/bench_ctranslate2.py --search greedy    # spec_greedy vs greedy
     .venv/bin/python scripts/bench_ctranslate2.py --engines int8   # fairseq2 and every int8 row
+    .venv/bin/python scripts/bench_ctranslate2.py --ct2-all  # every CTranslate2 variant timed
 
 CTranslate2 is the fastest CPU engine for this model class, and it has no speculative
-decoding: the bar specbeam's exact beam search must clear. A first process tokenizes the
-verses and converts the target once (seconds; `~/.cache/specbeam/ct2/<hash of weights and epsilon>`) into
-CTranslate2's own Transformer spec: the same weights, sinusoidal table, token ids and layer
-norm epsilon. Then every engine runs in a fresh process: fairseq2's beam search, specbeam's
-`spec_beam` as configured (planner and all) on the fp32 target and with its linear layers in
-bfloat16 and int8 where the CPU computes them natively (`hardware.target_dtype`), and CTranslate2
-at fp32, int8 and int8_float32, which imports `ctranslate2` alone (no torch). `--engines`
-picks some by name or part of one; fairseq2's beam search always runs, the reference. Each
-process reads the token ids from a file, loads (not timed), makes one warm-up call per
-batching, then times its decode calls at batch 1, batch 16 and 1,024 padded source tokens
-(the torch engines in `translate`'s batches, `specbeam.apps.data.token_batches`; CTranslate2
-in its own, by `max_batch_size` tokens), with OMP_NUM_THREADS and CTranslate2's intra_threads at `--threads` (inter_threads 1). The
-engines run in a rotated order each repeat; rows give the minimum and the median.
+decoding: the bar specbeam's exact search must clear, at its best on this CPU. It picks its
+GEMM backend by vendor (MKL on Intel, DNNL elsewhere) and AVX2 on an AVX-512 CPU; a careful
+user tries the others. So every CTranslate2 compute type runs under each setting this CPU
+has (`variants`: MKL with and without packed weights, DNNL, each at AVX2 and AVX-512),
+first in a probe on `--probe` verses, one run each; the timed rows then take each compute
+type's default and the settings fastest in the probe (`--ct2-all`: all of them). Its log
+(`CT2_VERBOSE=1`) names the ISA and backends each row ran on, and a `CT2_*` variable it does
+not read is an error, not a silent default.
+
+A first process tokenizes the verses and converts the target once (seconds;
+`~/.cache/specbeam/ct2/<hash of weights and epsilon>`) into CTranslate2's own Transformer
+spec: the same weights, sinusoidal table, token ids and layer norm epsilon. Then every engine
+runs in a fresh process: fairseq2's search (`--search beam`: beam 5; `greedy`), specbeam's
+exact speculative one (`spec_beam`, `spec_greedy`) as configured (planner and all) on the
+fp32 target and with its linear layers in bfloat16 and int8 where the CPU computes them
+natively (`hardware.target_dtype`), and CTranslate2 at float32 and int8_float32, which
+imports `ctranslate2` alone (no torch). `--engines` picks some by name or part of one;
+fairseq2's search always runs, the reference. Each process reads the token ids from a file,
+loads (not timed), makes one warm-up call per batching, then times its decode calls at batch
+1, batch 16 and 1,024 padded source tokens (the torch engines in `translate`'s batches,
+`specbeam.apps.data.token_batches`; CTranslate2 in its own, by `max_batch_size` tokens), with
+OMP_NUM_THREADS and CTranslate2's intra_threads at `--threads` (inter_threads 1). The engines
+run in a rotated order each repeat; rows give the minimum and the median, and speed against
+fairseq2, against CTranslate2's fastest fp32 row and against its fastest row of any precision.
 
 Beside the time, the CPU time every other process (all but the engine's and its descendants)
 used during the timed calls, from each one's /proc/[pid]/stat (the scheduler's exact time
@@ -29,10 +41,10 @@ time there is sampled by the scheduler tick and idle time measured only inside t
 loop, so a vCPU that halts and is woken very often (CTranslate2's int8 threads at
 batch 1) spends time in neither, and busy time falls short of the engine's own CPU time.
 
-Outputs are compared token by token with fairseq2's fp32 beam search (CTranslate2 ranks,
+Outputs are compared token by token with fairseq2's fp32 search (CTranslate2 ranks,
 normalises and stops its beams its own way, so a few sentences may differ: counted, not
-hidden); specbeam's bfloat16 and int8 rows are exact to its own plain beam search on that
-quantized target, not to fp32 beam. Writes ct2.md, ct2.json and ct2.png.
+hidden); specbeam's bfloat16 and int8 rows are exact to its own plain search on that
+quantized target, not to fp32. Writes ct2.md, ct2.json and ct2.png.
 """
 
 from __future__ import annotations
@@ -53,8 +65,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from tqdm import tqdm
 
-from specbeam.kernels.cpu import cpu_kind
+from specbeam.kernels.cpu import cpu_flags, cpu_kind
 
 if TYPE_CHECKING:
     import torch
@@ -62,10 +75,26 @@ if TYPE_CHECKING:
     from fairseq2.models.transformer import TransformerModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # scripts run from a checkout
-CT2_TYPES = ("float32", "int8", "int8_float32")
+CT2_TYPES = ("float32", "int8_float32")
+"""CTranslate2's CPU compute types for this model (`int8` selects `int8_float32` on a CPU:
+its log says so)."""
 BATCHINGS = {"batch 1": ("examples", 1), "batch 16": ("examples", 16), "1,024 tokens": ("tokens", 1024)}  # fmt: skip
+SEARCHES = {"beam": ("beam", "spec_beam"), "greedy": ("greedy", "spec_greedy")}
+"""--search: fairseq2's decoding (the reference) and specbeam's exact speculative one."""
 BASE = "fairseq2 beam"
 SPEC = "specbeam spec_beam"
+CT2 = "CTranslate2"
+CT2_ENV = {"CT2_USE_MKL", "CT2_FORCE_CPU_ISA", "CT2_PACKED_GEMM", "CT2_VERBOSE"}
+"""The CPU settings CTranslate2 reads from the environment (its docs/environment_variables.md;
+the CUDA ones do nothing here). Any other `CT2_*` variable is an error: CTranslate2 would
+ignore it silently."""
+BACKENDS = {
+    "MKL packed": {"CT2_USE_MKL": "1", "CT2_PACKED_GEMM": "1"},
+    "MKL": {"CT2_USE_MKL": "1", "CT2_PACKED_GEMM": "0"},
+    "DNNL": {"CT2_USE_MKL": "0"},
+}
+"""CTranslate2's x86 GEMM backends (`CT2_USE_MKL`; MKL's packed weights, `CT2_PACKED_GEMM`):
+its default is MKL on an Intel CPU, DNNL elsewhere."""
 SPEC_DTYPES = ("float32", "bfloat16", "int8")
 """The target precisions specbeam runs in (`hardware.target_dtype`); its rows but fp32's
 are named `SPEC+<dtype>`."""
@@ -166,7 +195,7 @@ def convert(model: TransformerModel, out: Path, vocab_size: int) -> None:
     partial.rename(out)
 
 
-def prepare(job_path: Path, every: int, limit: int | None) -> None:
+def prepare(job_path: Path, every: int, limit: int | None, search: str) -> None:
     """Tokenizes the verses, converts the target if not yet, and writes the job file."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from bench import Models, load_config
@@ -188,7 +217,7 @@ def prepare(job_path: Path, every: int, limit: int | None) -> None:
         began = time.perf_counter()
         convert(target, where, tokenizer.vocab_info.size)
         print(f"converted the target to CTranslate2 in {time.perf_counter() - began:.1f} s: {where}")  # fmt: skip
-    beam = cfg.hardware.tune(load_decoding("beam"))
+    beam = cfg.hardware.tune(load_decoding(SEARCHES[search][0]))
     pairs = cfg.task.split("test")[::every][: limit or None]
     sources = [s.tolist() for s in encode_sources(tokenizer, [p.source for p in pairs], cfg.task.src_lang)]  # fmt: skip
     lengths = [len(s) for s in sources]
@@ -209,16 +238,62 @@ def prepare(job_path: Path, every: int, limit: int | None) -> None:
         "max_gen_len": list(beam.max_gen_len),
         "ct2_model": str(where),
         "native": [d for d in SPEC_DTYPES if onednn.native(d)],
+        "avx512": "avx512f" in cpu_flags(),
+        "search": search,
         "batches": batches,
     }
     job_path.write_text(json.dumps(job) + "\n")
 
 
-def engines(native: list[str]) -> list[str]:
+def names(search: str) -> tuple[str, str]:
+    """The reference's and specbeam's engine names for `--search`."""
+    base, spec = SEARCHES[search]
+    return f"fairseq2 {base}", f"specbeam {spec}"
+
+
+def variants(avx512: bool) -> list[str]:
+    """CTranslate2's settings worth a careful user's try on this CPU: each GEMM backend, and
+    each ISA it dispatches to (it picks AVX2 on an AVX-512 CPU unless `CT2_FORCE_CPU_ISA`
+    says otherwise). "default": no variable set, as it runs out of the box."""
+    isas = ["AVX2", "AVX512"] if avx512 else ["AVX2"]
+    return ["default", *(f"{b} {i}" for b in BACKENDS for i in isas)]
+
+
+def ct2_env(engine: str) -> dict[str, str]:
+    """The environment a CTranslate2 engine runs in: `CTranslate2 <type> <variant>`."""
+    variant = engine.removeprefix(f"{CT2} ").partition(" ")[2]
+    if variant == "default":
+        return {}
+    backend, _, isa = variant.rpartition(" ")
+    return {**BACKENDS[backend], "CT2_FORCE_CPU_ISA": isa}
+
+
+def check_ct2_env(environ: dict[str, str]) -> None:
+    """A `CT2_*` variable CTranslate2 does not read would be silently ignored: refused."""
+    unknown = sorted(k for k in environ if k.startswith("CT2_") and k not in CT2_ENV)
+    if unknown:
+        raise SystemExit(
+            f"error: {', '.join(unknown)}: not a CTranslate2 CPU setting (it reads "
+            f"{', '.join(sorted(CT2_ENV))}); unset it"
+        )
+
+
+def ct2_log(stderr: str) -> str:
+    """What CTranslate2's log (`CT2_VERBOSE=1`) says it ran on: ISA and GEMM backends."""
+    found = {}
+    for line in stderr.splitlines():
+        for key in ("Selected ISA", "SGEMM backend", "GEMM_S8 backend"):
+            if f"- {key}: " in line:
+                found[key] = line.split(f"- {key}: ", 1)[1].split(", u8s8")[0].strip()
+    return ", ".join(f"{k.split()[0]} {v}" for k, v in found.items()).replace("Selected ", "")
+
+
+def engines(native: list[str], ct2_variants: list[str], search: str = "beam") -> list[str]:
     """Every engine this machine runs, in the table's order (a reduced precision only where
     the CPU computes it natively, `onednn.native`: elsewhere specbeam runs it as fp32)."""
-    spec = [SPEC] + [f"{SPEC}+{d}" for d in SPEC_DTYPES[1:] if d in native]
-    return [BASE, *spec, *(f"CTranslate2 {t}" for t in CT2_TYPES)]
+    base, spec = names(search)
+    ours = [spec] + [f"{spec}+{d}" for d in SPEC_DTYPES[1:] if d in native]
+    return [base, *ours, *(f"{CT2} {t} {v}" for t in CT2_TYPES for v in ct2_variants)]
 
 
 def choose(available: list[str], wanted: list[str] | None) -> list[str]:
@@ -235,12 +310,13 @@ def choose(available: list[str], wanted: list[str] | None) -> list[str]:
             f"error: --engines {', '.join(unknown)}: no such engine here; "
             f"the engines are: {', '.join(available)}"
         )
-    return [e for e in available if e == BASE or e in picked or any(w in e for w in parts)]
+    base = available[0]
+    return [e for e in available if e == base or e in picked or any(w in e for w in parts)]
 
 
 def torch_decoder(job: Job, engine: str, threads: int) -> Decode:
-    """fairseq2's beam search or specbeam's spec_beam (`+<dtype>`: the target's precision),
-    loaded."""
+    """fairseq2's search or specbeam's speculative one (`+<dtype>`: the target's
+    precision), loaded."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     import torch
     from bench import Models, load_config
@@ -252,7 +328,8 @@ def torch_decoder(job: Job, engine: str, threads: int) -> Decode:
     cfg.hardware.threads = threads
     cfg.hardware.target_dtype = engine.partition("+")[2] or "float32"
     models = Models.load(cfg)
-    method = "beam" if engine == BASE else "spec_beam"
+    base, spec = SEARCHES[job["search"]]
+    method = base if engine.startswith("fairseq2") else spec
     generator = models.generator(cfg.hardware.tune(load_decoding(method)))
     prompt, eos = torch.tensor(job["prompt"]), job["eos"]
     # As a translate process after start-up (specbeam/startup.py), for both torch engines:
@@ -348,7 +425,7 @@ def work(job_path: Path, engine: str, threads: int, out: Path) -> None:
     """One engine over every batching: one warm-up call, then the timed calls."""
     job = json.loads(job_path.read_text())
     sources, results = job["sources"], {}
-    ct2 = engine.removeprefix("CTranslate2 ") if engine.startswith("CTranslate2") else None
+    ct2 = engine.split()[1] if engine.startswith(CT2) else None
     decode = None if ct2 else torch_decoder(job, engine, threads)
     for name, batches in job["batches"].items():
         if ct2:  # its own batching by tokens: every sentence in one call
@@ -386,10 +463,61 @@ def texts(job_path: Path, runs_path: Path) -> None:
     runs_path.write_text(json.dumps([[str(decode(torch.tensor(t))) for t in run] for run in runs]))
 
 
-def spawn(step: list[str], threads: int) -> None:
-    """This script's `step` in a fresh process, on `threads` OpenMP threads."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run([sys.executable, __file__, *step], env=env, check=True)
+def spawn(step: list[str], threads: int, env: dict[str, str] | None = None) -> str:
+    """This script's `step` in a fresh process, on `threads` OpenMP threads, with `env`
+    added; CTranslate2's log, where `env` asks for it, is returned (its other stderr is
+    passed on)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}
+    cmd = [sys.executable, __file__, *step]
+    if "CT2_VERBOSE" not in env:
+        subprocess.run(cmd, env=env, check=True)
+        return ""
+    done = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    other = [line for line in done.stderr.splitlines() if "[ctranslate2]" not in line]
+    if other:
+        print("\n".join(other), file=sys.stderr)
+    done.check_returncode()
+    return done.stderr
+
+
+def run_engine(job_path: Path, engine: str, threads: int, out: Path) -> dict:
+    """One engine's timed calls in a fresh process; a CTranslate2 engine's result names
+    the ISA and GEMM backends its log says it ran on."""
+    env = {**ct2_env(engine), "CT2_VERBOSE": "1"} if engine.startswith(CT2) else None
+    log = spawn(["--step", "work", str(job_path), engine, str(threads), str(out)], threads, env)
+    result = json.loads(out.read_text())
+    if log:
+        result["backend"] = ct2_log(log)
+    return result
+
+
+def probe(job: Job, chosen: list[str], tmp: Path, threads: int, sentences: int) -> dict:
+    """Every CTranslate2 variant chosen, once on `sentences` verses spread over the lengths,
+    one at a time and all in one call: {engine: {batching: seconds, "backend": …}}."""
+    picked = job["sources"][:: max(1, len(job["sources"]) // sentences)][:sentences]
+    n = len(picked)
+    small = {**job, "sources": picked, "batches": {"batch 1": [[i] for i in range(n)], "1,024 tokens": [list(range(n))]}}  # fmt: skip
+    small_path = tmp / "probe.json"
+    small_path.write_text(json.dumps(small) + "\n")
+    found = {}
+    for engine in tqdm([e for e in chosen if e.startswith(CT2)], desc="probing CTranslate2's settings"):  # fmt: skip
+        result = run_engine(small_path, engine, threads, tmp / "run.json")
+        found[engine] = {b: result[b]["seconds"] for b in small["batches"]}
+        found[engine]["backend"] = result["backend"]
+    return found
+
+
+def best_variants(chosen: list[str], probed: dict) -> list[str]:
+    """`chosen` with, of each CTranslate2 compute type, its default and the variants that
+    were fastest in the probe at some batching."""
+    keep = set()
+    for ct2_type in CT2_TYPES:
+        mine = [e for e in probed if e.split()[1] == ct2_type]
+        keep.update(e for e in mine if e.endswith(" default"))
+        for b in ("batch 1", "1,024 tokens"):
+            if mine:
+                keep.add(min(mine, key=lambda e: probed[e][b]))
+    return [e for e in chosen if not e.startswith(CT2) or e in keep]
 
 
 def main() -> None:
@@ -399,22 +527,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of every engine")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="4 verses, 1 repeat")
+    parser.add_argument("--search", choices=sorted(SEARCHES), default="beam")
     parser.add_argument(
         "--engines", nargs="+", metavar="NAME",
-        help="engines by name or part of one (default: all); fairseq2 beam always runs",
+        help="engines by name or part of one (default: all); fairseq2's search always runs",
     )  # fmt: skip
+    parser.add_argument(
+        "--ct2-all", action="store_true",
+        help="time every CTranslate2 variant (default: probe them all, time each compute "
+        "type's default and its fastest)",
+    )  # fmt: skip
+    parser.add_argument("--probe", type=int, default=16, help="verses of the probe")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_out")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)  # the child processes'
     args = parser.parse_args()
     if args.step:
         kind, *rest = args.step
         if kind == "prepare":
-            prepare(Path(rest[0]), int(rest[1]), int(rest[2]) or None)
+            prepare(Path(rest[0]), int(rest[1]), int(rest[2]) or None, rest[3])
         elif kind == "work":
             work(Path(rest[0]), rest[1], int(rest[2]), Path(rest[3]))
         else:
             texts(Path(rest[0]), Path(rest[1]))
         return
+    check_ct2_env(dict(os.environ))
     if args.quick:
         args.limit, args.repeats = 4, 1
     try:
@@ -424,34 +560,39 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         job_path = Path(tmp) / "job.json"
-        spawn(["--step", "prepare", str(job_path), str(args.every), str(args.limit or 0)], args.threads)  # fmt: skip
+        spawn(["--step", "prepare", str(job_path), str(args.every), str(args.limit or 0), args.search], args.threads)  # fmt: skip
         job = json.loads(job_path.read_text())
-        chosen = choose(engines(job["native"]), args.engines)
+        chosen = choose(engines(job["native"], variants(job["avx512"]), args.search), args.engines)  # fmt: skip
+        probed = {} if args.ct2_all else probe(job, chosen, Path(tmp), args.threads, args.probe)
+        if probed:
+            chosen = best_variants(chosen, probed)
         runs: dict[str, list[dict]] = {e: [] for e in chosen}
         for r in range(args.repeats):
             for engine in chosen[r % len(chosen) :] + chosen[: r % len(chosen)]:
                 print(f"repeat {r + 1}/{args.repeats}: {engine}", file=sys.stderr)
-                out = Path(tmp) / "run.json"
-                spawn(["--step", "work", str(job_path), engine, str(args.threads), str(out)], args.threads)  # fmt: skip
-                runs[engine].append(json.loads(out.read_text()))
+                runs[engine].append(run_engine(job_path, engine, args.threads, Path(tmp) / "run.json"))  # fmt: skip
         # Outputs are deterministic: each engine's last run, detokenized in one process.
         keys = [(e, b) for e in chosen for b in BATCHINGS]
         text_path = Path(tmp) / "texts.json"
         text_path.write_text(json.dumps([runs[e][-1][b]["tokens"] for e, b in keys]))
         spawn(["--step", "texts", str(job_path), str(text_path)], args.threads)
         text = dict(zip(keys, json.loads(text_path.read_text()), strict=True))
-    write(table(job, runs, text), job, args, args.out)
+    write(table(job, runs, text), probed, job, args, args.out)
 
 
 def table(job: Job, runs: dict[str, list[dict]], text: dict[tuple[str, str], list[str]]) -> dict:
     """Per batching and engine: min and median seconds, other processes' CPU and steal,
-    agreement, BLEU."""
+    agreement, BLEU, and speed against fairseq2 and against CTranslate2 at its best (its
+    fastest fp32 row, and its fastest row of any precision)."""
     from sacrebleu.metrics import BLEU
 
     metric, results = BLEU(), {}
+    base_name = next(iter(runs))
     for b in BATCHINGS:
-        base = runs[BASE][-1][b]["tokens"]
-        base_min = min(r[b]["seconds"] for r in runs[BASE])
+        base = runs[base_name][-1][b]["tokens"]
+        fastest = {e: min(r[b]["seconds"] for r in rs) for e, rs in runs.items()}
+        ct2 = {e: t for e, t in fastest.items() if e.startswith(CT2)}
+        ct2_fp32 = min((t for e, t in ct2.items() if e.split()[1] == "float32"), default=None)
         results[b] = {}
         for engine, rs in runs.items():
             seconds = [r[b]["seconds"] for r in rs]
@@ -460,7 +601,10 @@ def table(job: Job, runs: dict[str, list[dict]], text: dict[tuple[str, str], lis
                 "median_seconds": statistics.median(seconds),
                 "others_cpu_seconds": statistics.median(r[b]["others_cpu"] for r in rs),
                 "steal_seconds": statistics.median(r[b]["steal"] for r in rs),
-                "speedup_vs_fairseq2": base_min / min(seconds),
+                "speedup_vs_fairseq2": fastest[base_name] / min(seconds),
+                "speedup_vs_ct2_fp32": ct2_fp32 / min(seconds) if ct2_fp32 else None,
+                "speedup_vs_ct2_fastest": min(ct2.values()) / min(seconds) if ct2 else None,
+                "backend": rs[-1].get("backend", ""),
                 "identical_to_fairseq2": sum(
                     a == c for a, c in zip(rs[-1][b]["tokens"], base, strict=True)
                 ),  # fmt: skip
@@ -469,7 +613,25 @@ def table(job: Job, runs: dict[str, list[dict]], text: dict[tuple[str, str], lis
     return {"results": results, "bleu_signature": str(metric.get_signature())}
 
 
-def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
+def probe_lines(probed: dict, n: int) -> list[str]:
+    """The probe's table: every CTranslate2 variant, seconds one at a time and in one call."""
+    if not probed:
+        return []
+    lines = [
+        f"CTranslate2's settings probed on {n} verses (one run each; the timed rows below "
+        "take each compute type's default and its fastest here):", "",
+        "| engine | ran on (its log) | batch 1 s | 1,024 tokens s |", "|---|---|---|---|",
+    ]  # fmt: skip
+    for engine, r in probed.items():
+        lines.append(f"| {engine} | {r['backend']} | {r['batch 1']:.2f} | {r['1,024 tokens']:.2f} |")  # fmt: skip
+    return [*lines, ""]
+
+
+def _ratio(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}×"
+
+
+def write(summary: dict, probed: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -477,29 +639,34 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
 
     results, n = summary["results"], len(job["sources"])
     steal = any(round(r["steal_seconds"], 2) for rows in results.values() for r in rows.values())
+    search = "Beam 5" if job["search"] == "beam" else "Greedy search"
     head = (
-        f"Beam 5 on {n} test verses, {args.threads} threads, {cpu_kind()}; each engine in a "
-        f"fresh process, {args.repeats} repeat(s) in rotated order; speed: fairseq2's minimum "
-        f"over the engine's (BLEU: {summary['bleu_signature']}). Other CPU: seconds every "
+        f"{search} on {n} test verses, {args.threads} threads, {cpu_kind()}; each engine in a "
+        f"fresh process, {args.repeats} repeat(s) in rotated order; speed: the other engine's "
+        f"minimum over this one's (BLEU: {summary['bleu_signature']}). Other CPU: seconds every "
         "other process used during the timed calls (median; /proc/[pid]/stat)"
         + (", steal: seconds the host kept this machine's vCPUs waiting (median)" * steal)
         + ". `+bfloat16`, `+int8`: specbeam with the target's linear layers in that "
-        "precision, exact to specbeam's own plain beam search on that quantized target, not "
-        "to fp32 beam: their 'identical to fairseq2' counts what the precision changes."
+        "precision, exact to specbeam's own plain search on that quantized target, not "
+        "to fp32: their 'identical to fairseq2' counts what the precision changes. "
+        "CTranslate2 rows: compute type and settings (`default`: no CT2_* variable; "
+        "`DNNL AVX512`: CT2_USE_MKL=0 CT2_FORCE_CPU_ISA=AVX512; `MKL`: CT2_USE_MKL=1 "
+        "CT2_PACKED_GEMM=0; `MKL packed`: CT2_PACKED_GEMM=1), and what its log says it ran on."
     )
-    cells = ["batching", "engine", "min s", "median s", "other CPU s", *["steal s"] * steal]
-    cells += ["speed vs fairseq2", "identical to fairseq2", "BLEU"]
-    lines = [head, "", "| " + " | ".join(cells) + " |", "|---" * len(cells) + "|"]
+    cells = ["batching", "engine", "ran on", "min s", "median s", "other CPU s", *["steal s"] * steal]  # fmt: skip
+    cells += ["vs fairseq2", "vs CT2's best fp32", "vs CT2's fastest", "identical to fairseq2", "BLEU"]  # fmt: skip
+    lines = [head, "", *probe_lines(probed, min(args.probe, n)), "| " + " | ".join(cells) + " |", "|---" * len(cells) + "|"]  # fmt: skip
     for b, rows in results.items():
         for name, r in rows.items():
-            row = [b, name, *(f"{r[k]:.2f}" for k in ("min_seconds", "median_seconds", "others_cpu_seconds"))]  # fmt: skip
+            row = [b, name, r["backend"], *(f"{r[k]:.2f}" for k in ("min_seconds", "median_seconds", "others_cpu_seconds"))]  # fmt: skip
             row += [f"{r['steal_seconds']:.2f}"] * steal
-            row += [f"{r['speedup_vs_fairseq2']:.2f}×", f"{r['identical_to_fairseq2']}/{n}", f"{r['bleu']:.2f}"]  # fmt: skip
+            row += [_ratio(r[k]) for k in ("speedup_vs_fairseq2", "speedup_vs_ct2_fp32", "speedup_vs_ct2_fastest")]  # fmt: skip
+            row += [f"{r['identical_to_fairseq2']}/{n}", f"{r['bleu']:.2f}"]
             lines.append("| " + " | ".join(row) + " |")
     out.mkdir(parents=True, exist_ok=True)
     (out / "ct2.md").write_text("\n".join(lines) + "\n")
-    meta = {"sentences": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_kind()}
-    (out / "ct2.json").write_text(json.dumps({**summary, **meta}, indent=1) + "\n")
+    meta = {"sentences": n, "threads": args.threads, "repeats": args.repeats, "cpu": cpu_kind(), "search": job["search"]}  # fmt: skip
+    (out / "ct2.json").write_text(json.dumps({**summary, "probe": probed, **meta}, indent=1) + "\n")
     print("\n".join(lines))
     fig, ax = plt.subplots(figsize=(8, 4.4))
     names = list(next(iter(results.values())))
@@ -511,8 +678,8 @@ def write(summary: dict, job: Job, args: argparse.Namespace, out: Path) -> None:
         for x, y in zip(xs, ys, strict=True):
             ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=6)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], list(results))
-    ax.set_ylabel("speed vs fairseq2 beam search")
-    ax.set_title(f"Beam 5, {n} test verses, {args.threads} threads, {meta['cpu']}")
+    ax.set_ylabel(f"speed vs fairseq2's {job['search']} search")
+    ax.set_title(f"{search}, {n} test verses, {args.threads} threads, {meta['cpu']}")
     ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     fig.savefig(out / "ct2.png", dpi=120)
