@@ -29,13 +29,14 @@ from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 from typing_extensions import override
 
 from specbeam import startup
-from specbeam.apps.decoding import DecodingConfig, make_generator
+from specbeam.apps.decoding import DecodingConfig, build_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.help import app_help, group_settings
 from specbeam.apps.task import TaskConfig
 from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, open_pair
 from specbeam.paths import SHIPPED, config_choices, user_config_dir
+from specbeam.search.config import SpeculativeSearchConfig
 
 R = TypeVar("R")
 
@@ -47,14 +48,29 @@ class PipelineConfig:
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
+    def settle(self) -> SpeculativeSearchConfig:
+        """The decoding as this machine runs it (`HardwareConfig.tune`, into `decoding`)
+        and its search config, checked once per run (`DecodingConfig.search_config`; the
+        hardware was checked as it was read); `run_app` settles before the app's own
+        checks, which compare with it (translate's nbest ≤ beam_size). Values tuning
+        replaces are checked as given too: a bad one is an error even where the
+        machine's tuned value would replace it."""
+        settled: SpeculativeSearchConfig | None = getattr(self, "search_config", None)
+        if settled is not None:
+            return settled
+        tuned = self.hardware.tune(self.decoding, command_line_settings("decoding"))
+        if tuned != self.decoding:
+            self.decoding.search_config(self.hardware)
+        self.search_config = tuned.search_config(self.hardware)
+        self.decoding = tuned
+        return self.search_config
+
     def build(self) -> tuple[Tokenizer, Seq2SeqGenerator]:
         """A non-speculative decoding leaves the pair's draft unloaded rather than
         refusing it: the draft belongs to the model pair, which every decoding shares
         (the default pair has one, and `decoding=beam` runs on it)."""
+        config = self.settle()
         self.hardware.apply()
-        self.decoding.validate()  # as given: a bad value is an error even where tuning replaces it
-        self.decoding = self.hardware.tune(self.decoding, command_line_settings("decoding"))
-        self.decoding.validate()
         if self.decoding.speculative and self.model.draft is None:
             raise ValueError(
                 f"decoding={self.decoding.name} is speculative but model.draft is none: "
@@ -65,7 +81,7 @@ class PipelineConfig:
             with_draft=self.decoding.speculative, draft_dtype=self.hardware.draft_torch_dtype,
         ))  # fmt: skip
         vocab = pair.tokenizer.vocab_info
-        generator = make_generator(self.decoding, pair.target, pair.draft, vocab, self.hardware)
+        generator = build_generator(config, pair.target, pair.draft, vocab)
         startup.done()
         return pair.tokenizer, generator
 
@@ -116,8 +132,7 @@ def run_app(app: Callable[[Any], R], cfg: DictConfig) -> R:
         check_known(cfg)
         config = OmegaConf.to_object(cfg)
         if isinstance(config, PipelineConfig):
-            # First: an app's own checks compare with it (translate's nbest ≤ beam_size).
-            config.decoding.validate()
+            config.settle()
         return app(config)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None

@@ -15,7 +15,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specbeam.paths import config_file
-from specbeam.search.config import MachineSettings, SearchSettings, SpeculativeSearchConfig
+from specbeam.search.config import (
+    MachineSettings,
+    SearchSettings,
+    SettingError,
+    SpeculativeSearchConfig,
+)
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 
@@ -23,7 +28,13 @@ from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator
 @dataclass(kw_only=True)
 class DecodingConfig(SearchSettings):
     """A decoding file (`conf/decoding/`): the search settings (`SearchSettings`), and
-    which search runs them."""
+    which search runs them. A file sets what differs from these defaults: fairseq2's and
+    the search's, but for the apps' length limit; a machine's tuned values are in its
+    hardware file (`HardwareConfig.tuned`)."""
+
+    max_gen_len: tuple[float, int] = (1.5, 10)
+    """a, b: at most a × (longest source in the batch) + b tokens (the apps' limit; the
+    Python API keeps fairseq2's)."""
 
     name: str = "spec_beam"
     """The decoding's name (conf/decoding/<name>.yaml, or a method string such as
@@ -45,7 +56,15 @@ class DecodingConfig(SearchSettings):
     seed: int = 0
     """sample: seeds torch's generator, which fairseq2's samplers draw from."""
 
-    def validate(self) -> None:
+    @property
+    def drafts(self) -> bool:
+        return self.speculative
+
+    def search_config(self, machine: MachineSettings | None = None) -> SpeculativeSearchConfig:
+        """The one check of this decoding: its own settings here, its search settings
+        where they are owned (`SpeculativeSearchConfig`), each error naming the setting
+        as a decoding file does; the config its generator takes (`build_generator`)."""
+
         def bad(setting: str, value: object, allowed: str) -> ValueError:
             return ValueError(f"decoding.{setting}={value} is invalid: {allowed}")
 
@@ -53,13 +72,20 @@ class DecodingConfig(SearchSettings):
             raise bad("search", self.search, "allowed: beam, sample")
         if self.sampler not in ("top_p", "top_k"):
             raise bad("sampler", self.sampler, "allowed: top_p, top_k")
-        for setting, value, allowed in self.problems(draft=self.speculative):
-            raise bad(setting, value, f"must be {allowed}")
+        try:
+            config = SpeculativeSearchConfig(self, machine or MachineSettings())
+        except SettingError as error:
+            raise bad(error.setting, error.value, f"must be {error.allowed}") from None
         if self.max_speculative_batch > 0 and self.search != "beam":
             raise bad(
                 "max_speculative_batch", self.max_speculative_batch,
                 "applies to exact speculative beam search only (set it to 0)",
             )  # fmt: skip
+        return config
+
+    def validate(self) -> None:
+        """Raises a ValueError naming the first setting out of range (`search_config`)."""
+        self.search_config()
 
     def method_settings(self) -> tuple[str, set[str]]:
         """The decoding file `name` is made from, and the settings its method string sets."""
@@ -106,11 +132,23 @@ def make_generator(
     vocab_info: VocabularyInfo,
     machine: MachineSettings | None = None,
 ) -> Seq2SeqGenerator:
-    """The generator of a decoding on a machine (`hardware`; None: the defaults)."""
-    cfg.validate()
+    """The generator of a decoding on a machine (`hardware`; None: the defaults), the
+    decoding checked here (`DecodingConfig.search_config`)."""
+    return build_generator(cfg.search_config(machine), target, draft, vocab_info)
+
+
+def build_generator(
+    config: SpeculativeSearchConfig,
+    target: Seq2SeqModel,
+    draft: Seq2SeqModel | None,
+    vocab_info: VocabularyInfo,
+) -> Seq2SeqGenerator:
+    """The generator of a checked decoding (`DecodingConfig.search_config`), which it
+    takes as it is."""
+    cfg = config.search
+    assert isinstance(cfg, DecodingConfig)
     if cfg.speculative and draft is None:
         raise ValueError(f"decoding={cfg.name} is speculative but the model pair has no draft")
-    config = SpeculativeSearchConfig(cfg, machine or MachineSettings())
     if cfg.search == "sample":
         torch.manual_seed(cfg.seed)
         sampler = TopPSampler(cfg.top_p) if cfg.sampler == "top_p" else TopKSampler(cfg.top_k)

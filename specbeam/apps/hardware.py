@@ -4,6 +4,7 @@ precisions, and the decoding settings `python -m specbeam.calibrate` found faste
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -60,12 +61,11 @@ class HardwareConfig(MachineSettings):
     this machine; written by specbeam.calibrate. Command-line values such as
     decoding.gamma=… still win."""
 
-    def apply(self) -> None:
-        """Checks the settings and sets the process's threads."""
+    def validate(self) -> None:
+        """Raises a ValueError naming the first setting out of range, as a hardware file
+        does; checked when made (`MachineSettings`), so as a file is read."""
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"hardware.device={self.device} is invalid: allowed: cpu, cuda")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("hardware.device=cuda is invalid: torch sees no GPU here")
         if self.threads < 1:
             raise ValueError(f"hardware.threads={self.threads} is invalid: must be ≥ 1")
         for name, allowed in (
@@ -80,6 +80,12 @@ class HardwareConfig(MachineSettings):
             raise ValueError(f"hardware.batch_tokens={self.batch_tokens} is invalid: must be ≥ 1")
         for name, value, allowed in self.problems():
             raise ValueError(f"hardware.{name}={value} is invalid: must be {allowed}")
+
+    def apply(self) -> None:
+        """Sets the process's threads, where this machine runs what the settings ask: a
+        GPU, and planner costs the planner can read (before the models load)."""
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("hardware.device=cuda is invalid: torch sees no GPU here")
         if self.costs:
             PlanCosts.from_stored(self.costs)
         torch.set_num_threads(self.threads)
@@ -89,10 +95,10 @@ class HardwareConfig(MachineSettings):
         """The dtype the draft is loaded in (int8 and auto: float32, then `place`)."""
         return _DTYPES.get(self.draft_dtype, torch.float32)
 
-    @property
+    @functools.cached_property
     def target_precision(self) -> str:
         """float32, bfloat16 or int8: `target_dtype` with auto resolved, and float32 for a
-        precision this CPU only emulates (slower than fp32: `onednn.native`)."""
+        precision this CPU only emulates (slower than fp32: `onednn.native`); found once."""
         precision = auto_precision() if self.target_dtype == "auto" else self.target_dtype
         return precision if onednn.native(precision) else "float32"
 

@@ -67,11 +67,11 @@ def show_tuned(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, str]:
     each one's name (`decoding.gamma`) -> where it comes from."""
     if "decoding" not in cfg or "hardware" not in cfg:
         return {}
-    decoding, hardware = OmegaConf.to_object(cfg.decoding), OmegaConf.to_object(cfg.hardware)
     given = group_settings(overrides, "decoding")
     try:
+        decoding, hardware = OmegaConf.to_object(cfg.decoding), OmegaConf.to_object(cfg.hardware)
         tuned = hardware.tune(decoding, given)  # type: ignore[union-attr]
-    except ValueError:  # a calibration naming unknown settings: the run will say so
+    except ValueError:  # a bad hardware setting or calibration: the run will say so
         return {}
     changed = {
         f.name: getattr(tuned, f.name)

@@ -154,16 +154,24 @@ class SearchSettings(BeamSettings, SpeculationSettings):
             prune_margin=self.draft_prune_margin,
             max_nodes=self.max_draft_nodes,
             beam_size=self.beam_size,
-            depth_bounds=None if bounds is None else (bounds[0], bounds[-1]),
+            depth_bounds=None if bounds is None or len(bounds) != 2 else (bounds[0], bounds[1]),
             vocab=self.draft_vocab,
         )
+
+    @property
+    def drafts(self) -> bool:
+        """Whether a search on these settings may draft (the apps' plain decodings do not):
+        the draft tree's settings are checked only then."""
+        return True
 
     def relaxation(self) -> Relaxation | None:
         return Relaxation(self.relax_top, self.relax_gap) if self.relax_top > 0 else None
 
-    def problems(self, draft: bool = True) -> list[tuple[str, object, str]]:
+    def problems(
+        self, draft: bool = True, shape: DraftShape | None = None
+    ) -> list[tuple[str, object, str]]:
         """(setting, value, what is allowed) of every setting out of range; the draft
-        tree's only with `draft`."""
+        tree's only with `draft`, on `shape` (default: `draft_shape()`)."""
         checks = [
             ("beam_size", self.beam_size, self.beam_size >= 1, "≥ 1"),
             ("min_gen_len", self.min_gen_len, self.min_gen_len >= 1, "≥ 1"),
@@ -179,7 +187,7 @@ class SearchSettings(BeamSettings, SpeculationSettings):
         found = [(name, value, allowed) for name, value, ok, allowed in checks if not ok]
         if not draft or any(name == "gamma_bounds" for name, _, _ in found):
             return found
-        return found + self.draft_shape().problems()
+        return found + (shape or self.draft_shape()).problems()
 
 
 def _gen_len_ok(limit: Sequence[float]) -> bool:
@@ -187,9 +195,19 @@ def _gen_len_ok(limit: Sequence[float]) -> bool:
     return len(limit) == 2 and min(limit) >= 0 and max(limit) >= 1
 
 
+class SettingError(ValueError):
+    """A setting out of range: which, its value and what is allowed, so that an app can
+    name it as its files do (`decoding.gamma=0 is invalid: must be ≥ 1`)."""
+
+    def __init__(self, setting: str, value: object, allowed: str) -> None:
+        super().__init__(f"`{setting}` must be {allowed}, but is {value!r}.")
+        self.setting, self.value, self.allowed = setting, value, allowed
+
+
 @dataclass(kw_only=True)
 class MachineSettings(RuntimeConfig):
-    """How this machine runs a search: its kernels (`RuntimeConfig`), memory, costs."""
+    """How this machine runs a search: its kernels (`RuntimeConfig`), memory, costs.
+    Checked when made (`validate`): a config file's settings are checked as it is read."""
 
     memory_budget_mb: float = 0
     """Speculative decoding keeps its KV caches and logits within this many MiB by
@@ -205,17 +223,34 @@ class MachineSettings(RuntimeConfig):
     def runtime_config(self) -> RuntimeConfig:
         return settings_of(RuntimeConfig, self)
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def problems(self) -> list[tuple[str, object, str]]:
         found = super().problems()
         if self.memory_budget_mb < 0:
             found.append(("memory_budget_mb", self.memory_budget_mb, "≥ 0 (0 = unlimited)"))
         return found
 
+    def validate(self) -> None:
+        """Raises a SettingError naming the first setting out of range."""
+        for name, value, allowed in self.problems():
+            raise SettingError(name, value, allowed)
+
 
 @dataclass(frozen=True)
 class SpeculativeSearchConfig:
+    """Checked when made: the search settings here (`validate`), the machine's when they
+    were made (`MachineSettings`); a generator takes it as it is."""
+
     search: SearchSettings = field(default_factory=SearchSettings)
     machine: MachineSettings = field(default_factory=MachineSettings)
+    draft_shape: DraftShape = field(init=False, repr=False, compare=False)
+    """The draft tree of `search`, made once (the generator's, the planner's, the gate's)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "draft_shape", self.search.draft_shape())
+        self.validate()
 
     @classmethod
     def of(
@@ -233,10 +268,10 @@ class SpeculativeSearchConfig:
         return cls(dataclasses.replace(config.search, **settings), config.machine)
 
     def validate(self) -> None:
-        """Raises a ValueError naming the first setting out of range."""
-        for part in (self.search, self.machine):
-            for name, value, allowed in part.problems():
-                raise ValueError(f"`{name}` must be {allowed}, but is {value!r}.")
+        """Raises a SettingError naming the first search setting out of range."""
+        s = self.search
+        for name, value, allowed in s.problems(draft=s.drafts, shape=self.draft_shape):
+            raise SettingError(name, value, allowed)
 
     def planner(self) -> Planner | None:
         """A fresh planner on the machine's cost model; None without costs or without
@@ -244,14 +279,14 @@ class SpeculativeSearchConfig:
         s = self.search
         if not (self.machine.costs and (s.plan or s.gate)):
             return None
-        shape = PassShape.expected(s.draft_shape(), s.plan_tau)
+        shape = PassShape.expected(self.draft_shape, s.plan_tau)
         return Planner(PlanCosts.from_stored(self.machine.costs), s.beam_size, shape)
 
     def gate(self, planner: Planner | None) -> Gate | None:
         """The per-pass gate on `planner`'s costs, if gating."""
         if planner is None or not self.search.gate:
             return None
-        return Gate(planner, self.search.draft_shape())
+        return Gate(planner, self.draft_shape)
 
 
 def settings_of(kind: type, source: object, **changes: Any) -> Any:

@@ -98,8 +98,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
             raise NotSupportedError(
                 "only fairseq2's StandardBeamSearchAlgorithm can be replayed exactly"
             )
-        self.config = config = SpeculativeSearchConfig.of(config, **settings)
-        config.validate()
+        self.config = config = SpeculativeSearchConfig.of(config, **settings)  # checked
         check_pair(model, draft_model)
         s = config.search
         if s.beam_size >= target_vocab_info.size:
@@ -113,7 +112,7 @@ class SpeculativeBeamSearchSeq2SeqGenerator(Seq2SeqGenerator):
         self._model = model
         self._draft_model = draft_model
         self._vocab_info = target_vocab_info
-        self._draft_shape = s.draft_shape()  # the shape in effect; a budget may shrink it
+        self._draft_shape = config.draft_shape  # the shape in effect; a budget may shrink it
         self._relaxation = s.relaxation()
         self._capacity_increment = checked_increment(s.decode_capacity_increment)
         self._step_processors = list(step_processors or [])

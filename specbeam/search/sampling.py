@@ -182,8 +182,7 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
             raise ValueError(f"`num_gens` must be ≥ 1, but is {num_gens}.")
         if config is None:
             settings.setdefault("temperature", SAMPLING_TEMPERATURE)
-        self.config = config = SpeculativeSearchConfig.of(config, **settings)
-        config.validate()
+        self.config = config = SpeculativeSearchConfig.of(config, **settings)  # checked
         check_pair(model, draft_model)
         s = config.search
         model.eval()
@@ -197,6 +196,11 @@ class SpeculativeSamplingSeq2SeqGenerator(Seq2SeqGenerator):
         self._compute_scores = compute_scores
         self._generator = generator
         self._runtime = Runtime(config.machine.runtime_config())
+        # One linear path over the whole vocabulary: acceptance compares the draft's q
+        # with p token by token.
+        self.draft_shape = DraftShape(
+            strategy="linear", depth=s.gamma, width=1, beam_size=1, vocab=0
+        )
 
     @property
     @override
@@ -280,9 +284,7 @@ class _SampleOp(SpeculativeLoop[SampleState]):
             min_seq_len=min_seq_len,
             max_seq_len=max_seq_len,
         )
-        # The whole vocabulary: acceptance compares the draft's q with p token by token.
-        shape = DraftShape(strategy="linear", depth=s.gamma, width=1, beam_size=1, vocab=0)
-        self.drafter = Drafter(draft, draft_rules, prompts[:, None, :], shape, self.draw)
+        self.drafter = Drafter(draft, draft_rules, prompts[:, None, :], gen.draft_shape, self.draw)
         # Room for a pass's positions past the end (never kept: the last step is EOS).
         device = prompts.device
         seqs = torch.zeros((rows, max_seq_len + s.gamma + 1), dtype=torch.int64, device=device)

@@ -28,7 +28,6 @@ from specbeam import startup
 from specbeam.apps.app import (
     PipelineConfig,
     before_hydra,
-    command_line_settings,
     parse_shard,
     run_app,
 )
@@ -105,11 +104,11 @@ def origin(cfg: DistillConfig, pairs: list[Pair]) -> dict[str, object]:
     directory is another path on each install) and the chunking."""
     task = cfg.task
     text = "".join(f"{p.ref}\t{p.source}\n" for p in pairs)
-    decoding = cfg.hardware.tune(cfg.decoding, command_line_settings("decoding"))  # as run
+    cfg.settle()  # the decoding as run
     found = {
         "target": cfg.model.target, "tokenizer": cfg.model.tokenizer_card(),
         "target_dtype": cfg.hardware.target_precision,
-        **{f"decoding.{k}": v for k, v in dataclasses.asdict(decoding).items()},
+        **{f"decoding.{k}": v for k, v in dataclasses.asdict(cfg.decoding).items()},
         "split": cfg.split,
         "sources": f"{len(pairs)} pairs, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]}",
         "src_lang": task.src_lang, "tgt_lang": task.tgt_lang, "chunk_size": cfg.chunk_size,

@@ -14,6 +14,7 @@ from specbeam.search.config import (
     BeamSettings,
     MachineSettings,
     SearchSettings,
+    SettingError,
     SpeculativeSearchConfig,
     settings_of,
 )
@@ -57,13 +58,22 @@ def test_bad_search_settings_name_the_setting(settings, message) -> None:
         SpeculativeSearchConfig.of(**settings).validate()
 
 
-def test_bad_machine_settings_name_the_setting() -> None:
-    for machine, message in (
-        (MachineSettings(memory_budget_mb=-1), "`memory_budget_mb` must be ≥ 0"),
-        (MachineSettings(onednn_min_rows=0), "`onednn_min_rows` must be ≥ 1 or None"),
+def test_bad_machine_settings_name_the_setting_when_made() -> None:
+    for settings, message in (
+        ({"memory_budget_mb": -1}, "`memory_budget_mb` must be ≥ 0"),
+        ({"onednn_min_rows": 0}, "`onednn_min_rows` must be ≥ 1 or None"),
     ):
-        with pytest.raises(ValueError, match=message):
-            SpeculativeSearchConfig(machine=machine).validate()
+        with pytest.raises(SettingError, match=message):
+            MachineSettings(**settings)
+
+
+def test_a_config_is_checked_when_made_and_makes_its_draft_shape_once() -> None:
+    with pytest.raises(SettingError, match="`gamma` must be ≥ 1, but is 0.") as error:
+        SpeculativeSearchConfig(SearchSettings(gamma=0))
+    assert (error.value.setting, error.value.value, error.value.allowed) == ("gamma", 0, "≥ 1")
+    config = SpeculativeSearchConfig(SearchSettings(gamma=3, beam_size=4))
+    assert config.draft_shape == config.search.draft_shape()
+    assert config.planner() is None and config == SpeculativeSearchConfig(config.search)
 
 
 def test_the_draft_shape_takes_its_defaults_from_the_beam() -> None:
