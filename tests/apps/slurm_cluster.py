@@ -25,7 +25,7 @@ from pathlib import Path
 
 PACKAGES = "slurm-wlm slurmdbd munge mariadb-server"
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "sinfo", "squeue", "sacct", "scontrol", "scancel", "mariadb")
+CLIENTS = ("sbatch", "sinfo", "sacct", "scontrol", "scancel", "mariadb")
 SEARCH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 START_S = 90
 """How long the daemons get to bring the node up."""
@@ -119,7 +119,7 @@ def start(root: Path) -> Cluster:
     key.chmod(0o400)
     auth = f"AuthType=auth/munge\nAuthInfo=socket={munge}"
     (root / "slurm.conf").write_text(
-        f"ClusterName=specbeam\nSlurmctldHost={node}\nSlurmUser=root\nSlurmdUser=root\n"
+        f"ClusterName=specbeam\nSlurmctldHost={node}(127.0.0.1)\nSlurmUser=root\nSlurmdUser=root\n"
         # A requeued job waits out its credential's lifetime (120 s unless cred_expire).
         f"{auth},cred_expire=10\nCredType=cred/munge\n"
         f"SlurmctldPort={ports['slurmctld']}\nSlurmdPort={ports['slurmd']}\n"
