@@ -28,7 +28,7 @@ imports `ctranslate2` alone (no torch). `--engines` picks some by name or part o
 fairseq2's search always runs, the reference. Each process reads the token ids from a file,
 loads (not timed), makes one warm-up call per batching, then times its decode calls at batch
 1, batch 16 and 1,024 padded source tokens (the torch engines in `translate`'s batches,
-`specbeam.apps.data.token_batches`; CTranslate2 in its own, by `max_batch_size` tokens), with
+`specbeam.data.batches.token_batches`; CTranslate2 in its own, by `max_batch_size` tokens), with
 OMP_NUM_THREADS and CTranslate2's intra_threads at `--threads` (inter_threads 1). The engines
 run in a rotated order each repeat; rows give the minimum and the median, and speed against
 fairseq2, against CTranslate2's fastest fp32 row and against its fastest row of any precision.
@@ -200,9 +200,9 @@ def prepare(job_path: Path, every: int, limit: int | None, search: str) -> None:
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from bench import Models, load_config
 
-    from specbeam.apps.data import token_batches
     from specbeam.apps.decoding import load_decoding
-    from specbeam.apps.inference import encode_sources, target_prompt
+    from specbeam.data.batches import token_batches
+    from specbeam.data.inference import encode_sources, target_prompt
     from specbeam.kernels import onednn
 
     cfg = load_config("bible_es_en", "cpu")

@@ -122,7 +122,7 @@ def compare(a: Run, b: Run) -> dict[str, object]:
 
 def test_verses(every: int, limit: int | None) -> tuple[list[str], list[str]]:
     """Every `every`-th verse of the embedded task's test split, and its references."""
-    from specbeam.apps.task import TaskConfig
+    from specbeam.data.task import TaskConfig
 
     pairs = TaskConfig().split("test")[::every][:limit]
     return [p.source for p in pairs], [p.target for p in pairs]

@@ -31,10 +31,10 @@ from sacrebleu.metrics import BLEU
 
 from specbeam.apps.calibrate import measure_call_costs
 from specbeam.apps.compare import MethodRun, run_side_by_side
-from specbeam.apps.data import target_prompt_len, tokenize_pairs
 from specbeam.apps.decoding import load_decoding, make_generator
-from specbeam.apps.inference import translate_texts
-from specbeam.apps.task import TaskConfig
+from specbeam.data.inference import translate_texts
+from specbeam.data.task import TaskConfig
+from specbeam.data.tokens import target_prompt_len, tokenize_pairs
 from specbeam.integration.models import ModelPairConfig, cast_draft, load_model, num_parameters
 from specbeam.search.head import DraftHead
 from specbeam.training.agreement import measure_agreement

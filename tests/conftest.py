@@ -17,7 +17,7 @@ import torch
 from fairseq2.data.tokenizers import VocabularyInfo
 from fairseq2.models.transformer import TransformerModel
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.integration.models import ModelArch, build_model
 from specbeam.kernels import attention
 from specbeam.kernels.runtime import Runtime
@@ -153,7 +153,7 @@ def train_head_briefly(head: DraftHead, data, rows: int, steps: int, unroll: int
 @pytest.fixture(scope="session")
 def tiny_head(tiny_target: TransformerModel) -> DraftHead:
     """A head trained briefly on the tiny target's states (the real trainer's loss)."""
-    from specbeam.apps.data import TokenizedPair
+    from specbeam.data.tokens import TokenizedPair
     from specbeam.training.head_data import compute_head_data
 
     gen = torch.Generator().manual_seed(6)

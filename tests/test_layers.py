@@ -1,6 +1,7 @@
 """Data flows one way: the kernels below the search, the search below fairseq2's
-integration, all of them below training and the apps; and no module imports itself back
-through others, at module level or inside a function."""
+integration, all of them below the data layer (tasks, batches, inference), that below
+training, and training below the apps; and no module imports itself back through others,
+at module level or inside a function."""
 
 import ast
 from pathlib import Path
@@ -8,10 +9,12 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specbeam"
-HIGHER = ("specbeam.apps", "specbeam.training")
+HIGHER = ("specbeam.data", "specbeam.training", "specbeam.apps")
 BELOW = {"kernels": ("specbeam.search", "specbeam.integration", *HIGHER),
          "search": ("specbeam.integration", *HIGHER),
-         "integration": HIGHER}  # fmt: skip
+         "integration": HIGHER,
+         "data": HIGHER[1:],
+         "training": HIGHER[2:]}  # fmt: skip
 
 
 def module_name(path: Path) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specbeam.apps.task import TaskConfig
+from specbeam.data.task import TaskConfig
 from specbeam.paths import SHIPPED, user_path
 
 

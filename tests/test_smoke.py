@@ -2,7 +2,7 @@
 
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.integration.models import num_parameters
 from tests.conftest import PROMPT, sources
 

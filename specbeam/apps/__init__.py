@@ -1,2 +1,2 @@
-"""The apps' machinery: configs, decodings and hardware tuning, text I/O, the task's
-data, batched inference and side-by-side comparison; and the Hydra apps themselves."""
+"""The apps' machinery: configs, decodings and hardware tuning, text I/O and side-by-side
+comparison; and the Hydra apps themselves, those of training included."""

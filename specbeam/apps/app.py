@@ -32,7 +32,7 @@ from specbeam import startup
 from specbeam.apps.decoding import DecodingConfig, build_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.help import app_help, group_settings
-from specbeam.apps.task import TaskConfig
+from specbeam.data.task import TaskConfig
 from specbeam.integration import entry_point
 from specbeam.integration.models import ModelPairConfig, open_pair
 from specbeam.paths import SHIPPED, config_choices, user_config_dir

@@ -50,10 +50,10 @@ from typing_extensions import override
 
 from specbeam.apps.app import before_hydra, run_app
 from specbeam.apps.compare import MethodRun, run_side_by_side
-from specbeam.apps.data import pad
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator, reaching
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.task import TaskConfig
+from specbeam.data.batches import pad
+from specbeam.data.task import TaskConfig
 from specbeam.integration.models import Draft, ModelPairConfig, open_pair
 from specbeam.kernels.runtime import Runtime
 from specbeam.paths import SHIPPED, shipped, user_config_dir, user_path

@@ -16,8 +16,8 @@ from fairseq2.generation import Seq2SeqGenerator
 from torch.nn import Module
 from tqdm import tqdm
 
-from specbeam.apps.data import pad
-from specbeam.apps.inference import encode_sources, target_prompt
+from specbeam.data.batches import pad
+from specbeam.data.inference import encode_sources, target_prompt
 from specbeam.search.peak_cache import PeakCacheProbe
 from specbeam.search.stats import SpecStats, SpeculativeGeneratorOutput
 

@@ -32,7 +32,7 @@ from specbeam.apps.app import before_hydra, run_app
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.task import TaskConfig
+from specbeam.data.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, open_pair
 from specbeam.paths import SHIPPED, user_path
 

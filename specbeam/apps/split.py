@@ -25,7 +25,7 @@ from itertools import accumulate
 import sentencex
 from fairseq2.data.tokenizers import Tokenizer
 
-from specbeam.apps.inference import encodable
+from specbeam.data.inference import encodable
 
 log = logging.getLogger("specbeam.split")
 

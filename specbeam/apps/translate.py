@@ -42,7 +42,6 @@ from specbeam.apps.app import (
 )
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
-from specbeam.apps.inference import Translation, translate_batches
 from specbeam.apps.split import Split, Splitter, flatten, join
 from specbeam.apps.textio import (
     InputLog,
@@ -55,6 +54,7 @@ from specbeam.apps.textio import (
     stream_lines,
     uninterrupted,
 )
+from specbeam.data.inference import Translation, translate_batches
 from specbeam.paths import SHIPPED
 from specbeam.plural import counted
 from specbeam.search.stats import SpeculativeGeneratorOutput

@@ -1,2 +1,2 @@
-"""Training targets and drafts: the trainer, distillation data, teacher distributions,
-checkpoint averaging and draft-target agreement."""
+"""Training targets and drafts: the trainers, teacher distributions, checkpoint averaging
+and draft-target agreement."""

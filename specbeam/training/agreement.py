@@ -15,7 +15,8 @@ import torch
 from fairseq2.models.transformer import TransformerModel
 from torch import Tensor
 
-from specbeam.apps.data import TokenizedPair, teacher_forcing, token_batches
+from specbeam.data.batches import teacher_forcing, token_batches
+from specbeam.data.tokens import TokenizedPair
 from specbeam.integration.models import Draft
 from specbeam.search.head import DraftHead
 from specbeam.training.head_data import compute_head_data

@@ -22,7 +22,8 @@ from fairseq2.nn import BatchLayout
 from torch import Tensor
 from tqdm import tqdm
 
-from specbeam.apps.data import TokenizedPair, teacher_forcing, token_batches
+from specbeam.data.batches import teacher_forcing, token_batches
+from specbeam.data.tokens import TokenizedPair
 from specbeam.integration.models import atomic_save
 from specbeam.search.head import check_feature_layers
 from specbeam.search.tree_attention import tapping

@@ -28,14 +28,10 @@ from fairseq2.models.transformer import TransformerModel
 from torch import Tensor
 from tqdm import tqdm
 
-from specbeam.apps.data import (
-    TokenizedPair,
-    read_tsv,
-    teacher_forcing,
-    token_batches,
-    tokenize_pairs,
-)
-from specbeam.apps.task import TaskConfig
+from specbeam.data.batches import teacher_forcing, token_batches
+from specbeam.data.pairs import read_tsv
+from specbeam.data.task import TaskConfig
+from specbeam.data.tokens import TokenizedPair, tokenize_pairs
 from specbeam.integration.models import ModelPairConfig, atomic_save, load_model
 
 log = logging.getLogger("specbeam.teacher")

@@ -1,34 +1,28 @@
-"""Trains a translation model (target or draft) on a task; resumable, time-budgeted.
-
-    python -m specbeam.train arch=target out_dir=~/.cache/specbeam/target
-    python -m specbeam.train arch=draft_small out_dir=~/.cache/specbeam/draft \
-        train_targets=~/.cache/specbeam/distill/train.tsv
-"""
+"""A target's or a draft's training on a task, resumable and time-budgeted: the trainer
+behind `python -m specbeam.train`."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import hydra
 import sacrebleu
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
-from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from torch import Tensor
 from torch.nn.functional import cross_entropy, log_softmax, softmax
 from tqdm import tqdm
 
-from specbeam.apps.app import before_hydra, run_app
-from specbeam.apps.data import read_tsv, teacher_forcing, token_batches, tokenize_pairs
-from specbeam.apps.inference import translate_texts
-from specbeam.apps.task import TaskConfig
+from specbeam.data.batches import teacher_forcing, token_batches
+from specbeam.data.inference import translate_texts
+from specbeam.data.pairs import read_tsv
+from specbeam.data.task import TaskConfig
+from specbeam.data.tokens import tokenize_pairs
 from specbeam.integration.models import (
     ModelArch,
     ModelPairConfig,
@@ -39,7 +33,6 @@ from specbeam.integration.models import (
     num_parameters,
     save_model,
 )
-from specbeam.paths import SHIPPED
 from specbeam.plural import counted
 from specbeam.training.teacher import TeacherTopK, load_or_compute
 
@@ -88,9 +81,6 @@ class TrainConfig:
     threads: int = 2
     bf16: bool = True
     seed: int = 1
-
-
-ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
 def distillation_loss(
@@ -307,14 +297,3 @@ class Trainer:
             self.end_epoch(total_loss / max(total_tokens, 1), time.monotonic() - epoch_started)
             self.checkpoint()
             last_ckpt = time.monotonic()
-
-
-@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="train")
-def main(cfg: TrainConfig) -> None:
-    run_app(lambda c: Trainer(c).run(), cfg)
-
-
-def cli() -> None:
-    """The command line (`app.before_hydra`)."""
-    before_hydra(sys.argv[1:], "train", __doc__)
-    main()

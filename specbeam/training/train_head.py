@@ -1,11 +1,5 @@
-"""Trains a draft head (`specbeam/search/head.py`) on the target's own translations;
-resumable, time-budgeted, with a curves PNG.
-
-    python -m specbeam.train_head model.target=<card> data=~/.cache/specbeam/distill/train.tsv \
-        out_dir=~/.cache/specbeam/head time_budget_minutes=60
-
-The target and the task are those `python -m specbeam.distill` made `data` with (README,
-"A draft head for your own model").
+"""A draft head's training (`specbeam/search/head.py`) on the target's own translations:
+the trainer behind `python -m specbeam.train_head`.
 
 The target's states and top-k distributions are computed once (`head_data.py`). Each
 position is trained for `unroll` drafting steps: step 0 reads the target's state of the
@@ -22,24 +16,22 @@ import json
 import logging
 import math
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import hydra
 import matplotlib
 import torch
 from fairseq2.assets import AssetStore
 from fairseq2.models.transformer import TransformerModel
-from hydra.core.config_store import ConfigStore
 from torch import Tensor
 from torch.nn.functional import log_softmax, smooth_l1_loss, softmax
 from tqdm import tqdm
 
-from specbeam.apps.app import before_hydra, run_app
-from specbeam.apps.data import read_tsv, target_prompt_len, token_batches, tokenize_pairs
-from specbeam.apps.task import TaskConfig
+from specbeam.data.batches import token_batches
+from specbeam.data.pairs import read_tsv
+from specbeam.data.task import TaskConfig
+from specbeam.data.tokens import target_prompt_len, tokenize_pairs
 from specbeam.integration.hub import asset_store, is_path, retrieve_card
 from specbeam.integration.models import (
     TargetConfig,
@@ -56,7 +48,7 @@ from specbeam.kernels.lean_decoder import (
     lean_problem,
     padding_bias,
 )
-from specbeam.paths import SHIPPED, user_path
+from specbeam.paths import user_path
 from specbeam.plural import counted
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.search.tree_attention import embed_at
@@ -125,9 +117,6 @@ class TrainHeadConfig:
     false: fp32."""
     seed: int = 1
     """Seeds the held-out choice, each epoch's batch order and torch's generator."""
-
-
-ConfigStore.instance().store(name="train_head_schema", node=TrainHeadConfig)
 
 
 def unrolled_states(head: DraftHead, batch: HeadBatch, unroll: int) -> list[Tensor]:
@@ -505,14 +494,3 @@ def checkpoint_file(spec: str, store: AssetStore) -> Path:
         return user_path(spec)
     card = retrieve_card(store, "model.target", spec)
     return card.field("checkpoint").as_uri().to_path()
-
-
-@hydra.main(version_base=None, config_path=str(SHIPPED / "conf"), config_name="train_head")
-def main(cfg: TrainHeadConfig) -> None:
-    run_app(lambda c: HeadTrainer(c).run(), cfg)
-
-
-def cli() -> None:
-    """The command line (`app.before_hydra`)."""
-    before_hydra(sys.argv[1:], "train_head", __doc__)
-    main()

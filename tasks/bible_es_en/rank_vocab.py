@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specbeam.apps.task import TaskConfig
+from specbeam.data.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, atomic_save
 from specbeam.search.head import HEAD_KIND
 from specbeam.training.vocab import ranked_tokens

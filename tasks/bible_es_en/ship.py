@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from rank_vocab import add_ranking  # the script beside this one
 
-from specbeam.apps.task import TaskConfig
+from specbeam.data.task import TaskConfig
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
 from specbeam.integration.models import ModelArch, load_model, save_head, save_model
 from specbeam.search.head import HEAD_KIND, DraftHead

@@ -20,9 +20,9 @@ from omegaconf import OmegaConf
 
 import specbeam.apps.calibrate  # noqa: F401  (registers calibrate_schema)
 import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
+import specbeam.apps.train  # noqa: F401  (registers train_schema)
+import specbeam.apps.train_head  # noqa: F401  (registers train_head_schema)
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
-import specbeam.training.train  # noqa: F401  (registers train_schema)
-import specbeam.training.train_head  # noqa: F401  (registers train_head_schema)
 from specbeam.apps.app import (
     check_group_choices,
     check_launcher,
@@ -35,8 +35,8 @@ from specbeam.apps.app import (
 from specbeam.apps.decoding import DecodingConfig, load_decoding
 from specbeam.apps.hardware import HardwareConfig, load_hardware
 from specbeam.apps.help import app_help
-from specbeam.apps.inference import translate_texts
 from specbeam.apps.translate import translate
+from specbeam.data.inference import translate_texts
 from specbeam.paths import SHIPPED, user_config_dir
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator

@@ -13,9 +13,9 @@ from fairseq2.data.tokenizers import load_tokenizer
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.models import load_model
 
-from specbeam.apps.data import read_tsv
-from specbeam.apps.inference import translate_texts
-from specbeam.apps.task import TaskConfig
+from specbeam.data.inference import translate_texts
+from specbeam.data.pairs import read_tsv
+from specbeam.data.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, load_draft
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.stats import SpecStats

@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from specbeam.apps.compare import MethodRun, run_side_by_side
 from specbeam.apps.decoding import load_decoding, make_generator
-from specbeam.apps.task import TaskConfig
+from specbeam.data.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, load_pair
 from specbeam.paths import SHIPPED
 

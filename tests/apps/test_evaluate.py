@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specbeam.apps.evaluate import EvaluateConfig, evaluate
-from specbeam.apps.task import TaskConfig
+from specbeam.data.task import TaskConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

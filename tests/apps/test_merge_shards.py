@@ -15,9 +15,9 @@ import pytest
 
 from specbeam.apps.decoding import DecodingConfig
 from specbeam.apps.merge_shards import main as merge_shards
-from specbeam.apps.task import TaskConfig
 from specbeam.apps.textio import ResumableOutput, input_digest, job_fingerprint
 from specbeam.apps.translate import TranslateConfig, output_settings
+from specbeam.data.task import TaskConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SHARDS = ["one\n", "two\n\n", "four\nfive\n"]

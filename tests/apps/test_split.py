@@ -16,10 +16,10 @@ import torch
 
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.inference import translate_texts
 from specbeam.apps.split import Splitter, join, sentence_language
-from specbeam.apps.task import TaskConfig
 from specbeam.apps.translate import TranslateConfig, translate_chunk
+from specbeam.data.inference import translate_texts
+from specbeam.data.task import TaskConfig
 from specbeam.integration.models import ModelPairConfig, build_model
 from tests.conftest import TARGET_ARCH
 

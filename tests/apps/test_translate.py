@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
-from specbeam.apps.inference import encodable
 from specbeam.apps.merge_shards import main as merge_shards
 from specbeam.apps.split import Splitter, join
 from specbeam.apps.translate import TranslateConfig, translate, translate_chunk, warn_split
+from specbeam.data.inference import encodable
 from specbeam.integration.models import ModelPairConfig, build_model
 from tests.conftest import DRAFT_ARCH, TARGET_ARCH
 

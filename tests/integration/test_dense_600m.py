@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
 from specbeam.apps.app import run_app
-from specbeam.apps.inference import translate_nbest
+from specbeam.data.inference import translate_nbest
 from specbeam.integration.cards import random_nllb_cards
 from specbeam.paths import SHIPPED
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator

@@ -48,8 +48,8 @@ from fairseq2.runtime.dependency import DependencyContainer
 from fairseq2.task import Task
 from typing_extensions import override
 
-from specbeam.apps.data import pad
 from specbeam.apps.hardware import load_hardware
+from specbeam.data.batches import pad
 from specbeam.integration import entry_point, extension
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
 from specbeam.integration.extension import (

@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
 from specbeam.apps.app import run_app
-from specbeam.apps.inference import translate_texts
+from specbeam.data.inference import translate_texts
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
 from specbeam.integration.hub import asset_store, load_card_model, retrieve_card
 from specbeam.integration.models import ModelArch, build_model, save_head, save_model

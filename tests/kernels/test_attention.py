@@ -98,7 +98,7 @@ def test_fairseq2_modules_attend_here_over_their_own_masks(tiny_target, tiny_dra
     """A quantized target's decoder (causal self-attention over the prompt) and encoder
     (padded sources) through fairseq2's modules: the same numbers as before ordering,
     within fp32 rounding."""
-    from specbeam.apps.data import pad
+    from specbeam.data.batches import pad
     from tests.conftest import sources
 
     model = copy.deepcopy(tiny_target)

@@ -10,7 +10,7 @@ import logging
 import torch
 from fairseq2.models.transformer import TransformerNormOrder
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.kernels import attention, native
 from specbeam.kernels.lean_decoder import Packing, _attend, lean_problem
 from specbeam.search.slots import SlotTable

@@ -9,7 +9,7 @@ import logging
 import torch
 from fairseq2.models.transformer import TransformerNormOrder
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.kernels.lean_encoder import encode, encoder_problem
 from specbeam.search import tree_attention
 from specbeam.search.tree_attention import TreeDecoder

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.utils.cpp_extension
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.kernels import native, onednn
 from specbeam.kernels.lean_decoder import Packing
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator

@@ -14,7 +14,7 @@ import pytest
 import torch
 from fairseq2.nn import Linear, Projection
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.kernels import onednn, quant
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead, HeadArch

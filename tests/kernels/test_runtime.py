@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.kernels import native, onednn
 from specbeam.kernels.runtime import Runtime, RuntimeConfig, SpareBuffers
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig

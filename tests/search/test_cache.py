@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.functional import log_softmax
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.kernels.runtime import Runtime, RuntimeConfig
 from specbeam.search.cache import SpeculativeKVCache, surviving_rows
 from specbeam.search.slots import SlotTable

@@ -18,7 +18,7 @@ import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 from fairseq2.generation.step_processor import NGramRepeatBlockProcessor
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.integration.models import build_shallow_draft
 from specbeam.kernels import lean_decoder
 from specbeam.search.accept import BeamAcceptor

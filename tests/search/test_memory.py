@@ -9,9 +9,9 @@ import pytest
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
-from specbeam.apps.data import pad
 from specbeam.apps.decoding import DecodingConfig, make_generator
 from specbeam.apps.hardware import HardwareConfig
+from specbeam.data.batches import pad
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.memory import MB, DecoderSize, SourceBytes, fit_budget, source_bytes

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fairseq2.generation.beam_search import BeamSearchSeq2SeqGenerator
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig
 from specbeam.search.draft import DraftShape
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.kernels import native, onednn
 from specbeam.search import accept
 from specbeam.search.config import MachineSettings, SpeculativeSearchConfig

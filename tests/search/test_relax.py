@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.relax import Relaxation, relaxed_step
 from specbeam.search.tree import DraftTree

@@ -15,7 +15,7 @@ import pytest
 import torch
 from fairseq2.generation.sampling import SamplingSeq2SeqGenerator, TopKSampler, TopPSampler
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.search import sampling
 from specbeam.search.sampling import SpeculativeSamplingSeq2SeqGenerator, sampler_filter
 from tests.conftest import PROMPT, sources

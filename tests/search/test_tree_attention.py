@@ -9,7 +9,7 @@ import torch
 from fairseq2.nn import BatchLayout
 from torch.nn.functional import log_softmax
 
-from specbeam.apps.data import pad
+from specbeam.data.batches import pad
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder, embed_at, tree_bias
 from tests.conftest import sources

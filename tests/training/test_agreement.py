@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbeam.apps.data import TokenizedPair
+from specbeam.data.tokens import TokenizedPair
 from specbeam.search.head import DraftHead, HeadArch
 from specbeam.training.agreement import measure_agreement
 from tests.conftest import synthetic_pair

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specbeam.apps.data import TokenizedPair, pad
+from specbeam.data.batches import pad
+from specbeam.data.tokens import TokenizedPair
 from specbeam.integration.models import save_model
 from specbeam.training.teacher import compute_teacher_topk, load_or_compute
 from tests.conftest import TARGET_ARCH, synthetic_pair

@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-from specbeam.apps.data import TokenizedPair, pad
+from specbeam.data.batches import pad
+from specbeam.data.tokens import TokenizedPair
 from specbeam.integration.cards import model_card, tokenizer_fields, write_cards
 from specbeam.integration.models import (
     ModelArch,

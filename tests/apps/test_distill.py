@@ -11,10 +11,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specbeam import startup
-from specbeam.apps.data import read_tsv
-from specbeam.apps.task import TaskConfig
+from specbeam.apps.distill import DistillConfig, distill, origin
+from specbeam.data.pairs import read_tsv
+from specbeam.data.task import TaskConfig
 from specbeam.paths import SHIPPED
-from specbeam.training.distill import DistillConfig, distill, origin
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -128,7 +128,7 @@ def test_sigterm_says_how_many_chunks_are_kept(tmp_path, monkeypatch, capsys) ->
             raise startup.Terminated
         return ["x" for _ in args[2]]
 
-    monkeypatch.setattr("specbeam.training.distill.translate_texts", translate_then_stop)
+    monkeypatch.setattr("specbeam.apps.distill.translate_texts", translate_then_stop)
     with pytest.raises(SystemExit) as exit_info:
         distill(OmegaConf.to_object(composed))
     assert exit_info.value.code == 143

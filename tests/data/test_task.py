@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specbeam.apps.data import Pair
-from specbeam.apps.task import TaskConfig
+from specbeam.data.pairs import Pair
+from specbeam.data.task import TaskConfig
 
 
 def test_the_default_is_the_embedded_bible_task() -> None:

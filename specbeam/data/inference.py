@@ -10,7 +10,7 @@ import torch
 from fairseq2.data.tokenizers import Tokenizer
 from fairseq2.generation import Seq2SeqGenerator, SequenceGeneratorOutput
 
-from specbeam.apps.data import pad, token_batches
+from specbeam.data.batches import pad, token_batches
 
 
 def target_prompt(tokenizer: Tokenizer, tgt_lang: str) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from specbeam.apps.data import token_batches
+from specbeam.data.batches import token_batches
 
 
 def test_every_index_once_and_rows_times_longest_within_the_bound() -> None:

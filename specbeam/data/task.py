@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbeam.apps.data import Pair, read_columns, read_parallel_files
+from specbeam.data.pairs import Pair, read_columns, read_parallel_files
 from specbeam.paths import shipped, user_path
 
 

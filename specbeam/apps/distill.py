@@ -31,8 +31,8 @@ from specbeam.apps.app import (
     parse_shard,
     run_app,
 )
-from specbeam.apps.data import Pair
-from specbeam.apps.inference import translate_texts
+from specbeam.data.inference import translate_texts
+from specbeam.data.pairs import Pair
 from specbeam.paths import SHIPPED
 from specbeam.plural import counted
 
