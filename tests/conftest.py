@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
@@ -25,6 +27,9 @@ from specbeam.search.head import DraftHead, HeadArch
 
 # Tiny models gain nothing from intra-op threads, and lose a lot when the machine is busy.
 torch.set_num_threads(1)
+# The kernel table the tests measure (their tiny shapes; apps they start inherit it) is
+# theirs, not the user's (`specbeam.kernels.kernel_table`).
+os.environ.setdefault("SPECBEAM_KERNEL_DIR", tempfile.mkdtemp(prefix="specbeam-kernels-"))
 
 VOCAB = VocabularyInfo(size=48, unk_idx=1, bos_idx=2, eos_idx=3, pad_idx=0)
 SRC_TOKENS = range(4, 24)  # source symbols; each maps to two target symbols in 24..47

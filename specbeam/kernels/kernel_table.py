@@ -23,7 +23,6 @@ import functools
 import json
 import logging
 import os
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -41,8 +40,10 @@ ROW_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 COLD_BYTES = 64 << 20
 """Weight copies cycled while timing: more than the CPU's caches, as a decoder's weights."""
 ROUNDS = 5
-"""Interleaved rounds over the candidates: the median round decides."""
+"""Interleaved rounds over the candidates and copies: each one's fastest call decides."""
 
+FP32_NAMES = ("mkl", "mkl_packed", "onednn", "few_rows")
+"""The kernels a table may hold (`specbeam.kernels.onednn.FP32_KINDS` runs them)."""
 Candidate = Callable[[Tensor, int], Tensor]
 """A kernel on one of the weight's copies: (x, copy index) -> x @ copy.T + bias."""
 
@@ -65,19 +66,20 @@ def table_path() -> Path:
 def time_candidates(
     candidates: Mapping[str, Candidate], x: Tensor, copies: int, rounds: int = ROUNDS
 ) -> dict[str, float]:
-    """Median seconds per call of each candidate, over every copy in turn; candidates
-    interleaved round by round, so the machine's noise falls alike."""
+    """Each candidate's fastest call, in seconds, over every copy in turn and `rounds`
+    rounds, the candidates interleaved: a call the machine's other work slowed down (a
+    preemption costs milliseconds, a product microseconds) does not decide."""
     with torch.inference_mode():
         for run in candidates.values():  # warm-up: first calls allocate and pack
             run(x, 0)
-        samples: dict[str, list[float]] = {name: [] for name in candidates}
+        fastest = dict.fromkeys(candidates, float("inf"))
         for _ in range(rounds):
             for name, run in candidates.items():
-                began = time.perf_counter()
                 for i in range(copies):
+                    began = time.perf_counter()
                     run(x, i)
-                samples[name].append((time.perf_counter() - began) / copies)
-    return {name: statistics.median(s) for name, s in samples.items()}
+                    fastest[name] = min(fastest[name], time.perf_counter() - began)
+    return fastest
 
 
 @final
@@ -146,10 +148,30 @@ class KernelTable:
         return choice
 
 
+def markdown(table: KernelTable) -> str:
+    """The table's choices and timings, one row per shape, for docs/bench.md."""
+    lines = [
+        f"Kernel chosen per fp32 product on {_describe(table.machine)} (µs per call, "
+        f"the fastest of each kernel's calls; `{table.path}`)",
+        "", "| threads, rows, weight (out×in) | chosen | " + " | ".join(FP32_NAMES) + " |",
+        "|---|---|" + "---|" * len(FP32_NAMES),
+    ]  # fmt: skip
+    for key, choice in sorted(table.choices.items(), key=lambda kv: _order(kv[0])):
+        seconds = table.seconds.get(key, {})
+        cells = [f"{seconds[n]:.1f}" if n in seconds else "–" for n in FP32_NAMES]
+        lines.append(f"| {key.split(':')[0]} | {choice} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _order(key: str) -> tuple[int, ...]:
+    head = key.split(":")[0].replace(",", "").replace("x", " ").split()
+    return tuple(int(t) for t in head if t.isdigit())
+
+
 def _describe(found: object) -> str:
     if not isinstance(found, dict):
         return "an unknown machine"
-    return f"{found.get('cpu')} on {found.get('threads')} threads, torch {found.get('torch')}"
+    return f"{found.get('cpu')}, torch {found.get('torch')}"
 
 
 @functools.cache

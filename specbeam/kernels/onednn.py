@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
-from specbeam.kernels import cpu, quant
+from specbeam.kernels import cpu, kernel_table, quant
 from specbeam.kernels import native as compiled
 from specbeam.kernels.runtime import Runtime
 
@@ -228,18 +228,92 @@ def _avx512() -> bool:
     return "avx512f" in cpu.cpu_flags()
 
 
-def _own_few_rows(rows: int, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether the extension's few-row product runs this fp32 product (`MAX_FEW_ROWS`,
-    `AVX512_FEW_ROWS_INPUTS`): where the extension is in use (`native.module`)."""
+def _own_few_rows(rows: int, weight: Tensor, bias: Tensor | None, any_width: bool = False) -> bool:
+    """Whether the extension's few-row product can run this fp32 product (`MAX_FEW_ROWS`;
+    unless `any_width`, `AVX512_FEW_ROWS_INPUTS` too, the vendor rule's limit): where the
+    extension is in use (`native.module`)."""
     return (
         rows <= MAX_FEW_ROWS
-        and (rows * weight.size(1) <= AVX512_FEW_ROWS_INPUTS or not _avx512())
+        and (any_width or rows * weight.size(1) <= AVX512_FEW_ROWS_INPUTS or not _avx512())
         and weight.dtype == torch.float32
         and weight.is_contiguous()
         and weight.size(1) % 8 == 0
         and (bias is None or bias.is_contiguous())
         and compiled.module() is not None
     )
+
+
+FP32_KINDS = dict(zip(kernel_table.FP32_NAMES, (TORCH, MKL, ONEDNN, FEW_ROWS), strict=True))
+"""The fp32 kernels the kernel table chooses among, by the names it stores."""
+
+
+def _fp32(
+    rows: int,
+    dtype: torch.dtype,
+    weight: Tensor,
+    bias: Tensor | None,
+    onednn_copy: Callable[[Tensor], Tensor | None],
+) -> Product:
+    """An fp32 product on the kernel the runtime chooses for it: below `onednn_min_rows`
+    rows on MKL; else, by `kernels`, the fastest measured here for its shape, or the one
+    the vendor rule names (MKL on Intel below 8 rows, the few-row product within its
+    limits, oneDNN's packed GEMM)."""
+    if _few_rows(rows, dtype):
+        return _mkl_few_rows(rows, weight, bias)
+    own = _own_few_rows(rows, weight, bias, Runtime.current().kernels == "measured")
+    if Runtime.current().kernels == "measured" and dtype == torch.float32:
+        names = tuple(n for n in FP32_KINDS if _eligible(n, rows, weight, own))
+        if len(names) > 1:
+            kind = kernel_table.current().choose(rows, weight, names, _timed(weight, bias, names, rows))  # fmt: skip
+            if kind == "mkl_packed":
+                return _mkl_few_rows(rows, weight, bias)
+            if kind != "onednn":
+                return Product(FP32_KINDS[kind], weight, bias)
+    elif own:
+        return Product(FEW_ROWS, weight, bias)
+    w = onednn_copy(weight)
+    return Product(TORCH, weight, bias) if w is None else Product(ONEDNN, weight, bias, w)
+
+
+def _eligible(name: str, rows: int, weight: Tensor, own: bool) -> bool:
+    if name in ("mkl", "mkl_packed"):
+        return _MKL and (name == "mkl" or rows >= MIN_PACKED_ROWS)
+    if name == "few_rows":
+        return own
+    return _runs(weight)
+
+
+def _timed(
+    weight: Tensor, bias: Tensor | None, names: tuple[str, ...], rows: int
+) -> Callable[[int], dict[str, kernel_table.Candidate]]:
+    """The kernels `names` over `copies` copies of `weight` (the weight itself first),
+    for the kernel table to time at `rows` rows."""
+
+    def build(copies: int) -> dict[str, kernel_table.Candidate]:
+        with torch.inference_mode():
+            ws = [weight.detach(), *(weight.detach().clone() for _ in range(copies - 1))]
+        made: dict[str, kernel_table.Candidate] = {}
+        for name in names:
+            if name == "mkl":
+                made[name] = lambda x, i: _torch_linear(x, ws[i], bias)
+            elif name == "few_rows":
+                made[name] = lambda x, i: compiled.build().few_rows_product(x, ws[i], bias)
+            elif name == "onednn":
+                with torch.inference_mode():
+                    packs = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in ws]
+                made[name] = lambda x, i, packs=packs: torch.ops.mkldnn._linear_pointwise(
+                    x, packs[i], bias, "none", [], ""
+                )
+            else:
+                at = kernel_table.grid_rows(rows)  # the rows the table times
+                with torch.inference_mode():
+                    packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, at) for w in ws]
+                made[name] = lambda x, i, packs=packs: torch.ops.mkl._mkl_linear(
+                    x, packs[i], ws[i], bias, x.size(0)
+                )
+        return made
+
+    return build
 
 
 def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
@@ -253,10 +327,13 @@ def _bypassed(dtype: torch.dtype, weights: Sequence[Tensor]) -> bool:
     )
 
 
-def settings() -> tuple[bool, int, bool, bool]:
+def settings() -> tuple[bool, int, bool, bool, str, int]:
     """What a resolution depends on beside its tensors and row count."""
     runtime = Runtime.current()
-    return runtime.onednn, runtime.onednn_min_rows, runtime.native, torch.is_grad_enabled()
+    return (
+        runtime.onednn, runtime.onednn_min_rows, runtime.native, torch.is_grad_enabled(),
+        runtime.kernels, torch.get_num_threads(),
+    )  # fmt: skip
 
 
 def _quantized(rows: int, weight: Tensor, bias: Tensor | None) -> Product | None:
@@ -279,12 +356,7 @@ def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) 
         return quantized
     if _bypassed(dtype, (weight,)):
         return Product(TORCH, weight, bias)
-    if _few_rows(rows, dtype):
-        return _mkl_few_rows(rows, weight, bias)
-    if _own_few_rows(rows, weight, bias):
-        return Product(FEW_ROWS, weight, bias)
-    w = packed(weight)
-    return Product(TORCH, weight, bias) if w is None else Product(ONEDNN, weight, bias, w)
+    return _fp32(rows, dtype, weight, bias, packed)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -327,11 +399,7 @@ def resolve_group(
     quantized = _quantized(rows, stacked, bias)
     if quantized is not None:
         return dataclasses.replace(quantized, sizes=sizes)
-    if _few_rows(rows, dtype):
-        return dataclasses.replace(_mkl_few_rows(rows, stacked, bias), sizes=sizes)
-    if _own_few_rows(rows, stacked, bias):
-        return Product(FEW_ROWS, stacked, bias, sizes=sizes)
-    return Product(ONEDNN, stacked, bias, copy, sizes)
+    return dataclasses.replace(_fp32(rows, dtype, stacked, bias, lambda _: copy), sizes=sizes)
 
 
 def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> list[Tensor]:

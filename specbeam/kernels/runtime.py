@@ -22,6 +22,7 @@ from torch import Tensor
 from specbeam.kernels.cpu import cpu_info
 
 MB = 2**20  # the settings' megabytes (spare_cache_mb, memory_budget_mb)
+KERNEL_CHOICES = ("measured", "vendor")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -32,9 +33,13 @@ class RuntimeConfig:
     onednn: bool = True
     """Linear layers of the lean decoders through oneDNN with packed weights
     (`specbeam.kernels.onednn`); false: PyTorch's default."""
+    kernels: str = "measured"
+    """How an fp32 product's kernel is chosen: `measured`, the fastest on this machine for
+    its shape (`specbeam.kernels.kernel_table`); `vendor`, by the CPU's vendor
+    (`default_min_rows`) and width, as measured once on a few CPUs."""
     onednn_min_rows: int | None = None
-    """fp32 products of fewer rows run on PyTorch's default (MKL) instead; None: by CPU
-    (`default_min_rows`)."""
+    """fp32 products of fewer rows run on PyTorch's default (MKL) instead; None: as
+    `kernels` chooses."""
     native: bool = True
     """The lean decoders' layer loop and exact acceptance compiled
     (`specbeam.kernels.native`); false: the same ops in Python."""
@@ -43,6 +48,7 @@ class RuntimeConfig:
 
     def problems(self) -> list[tuple[str, object, str]]:
         checks = [
+            ("kernels", self.kernels, self.kernels in KERNEL_CHOICES, " or ".join(KERNEL_CHOICES)),
             ("onednn_min_rows", self.onednn_min_rows, self.onednn_min_rows is None or self.onednn_min_rows >= 1, "≥ 1 or None"),
             ("spare_cache_mb", self.spare_cache_mb, self.spare_cache_mb >= 0, "≥ 0"),
         ]  # fmt: skip
@@ -86,8 +92,9 @@ class SpareBuffers:
 
 @functools.cache
 def default_min_rows() -> int:
-    """Rows from which fp32 products run on oneDNN where `onednn_min_rows` is not set: 8
-    on Intel CPUs (MKL's own small-GEMM kernels win below), 1 elsewhere."""
+    """Rows from which fp32 products run on oneDNN by vendor (`kernels: vendor`, where
+    `onednn_min_rows` is not set): 8 on Intel CPUs (MKL's own small-GEMM kernels won below
+    on the one measured), 1 elsewhere."""
     return 8 if cpu_info("vendor_id") == "GenuineIntel" else 1
 
 
@@ -98,7 +105,10 @@ class Runtime:
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config = config or RuntimeConfig()
         self.onednn = config.onednn
-        self.onednn_min_rows = config.onednn_min_rows or default_min_rows()
+        self.kernels = config.kernels
+        self.onednn_min_rows = config.onednn_min_rows or (
+            default_min_rows() if config.kernels == "vendor" else 1
+        )
         self.native = config.native
         self.spares = SpareBuffers(limit_bytes=int(config.spare_cache_mb * MB))
 

@@ -67,7 +67,7 @@ def test_a_table_from_another_cpu_is_measured_again_with_a_notice(tmp_path: Path
     calls: list[int] = []
     with caplog.at_level(logging.WARNING):
         table = KernelTable(path)
-    assert "was measured on another CPU" in caplog.text
+    assert "was measured on another CPU, torch" in caplog.text
     assert table.choose(5, torch.zeros(64, 32), NAMES, counting(calls)) == "fast"
     assert len(calls) == 1
     assert json.loads(path.read_text())["machine"] == kernel_table.machine()
@@ -89,3 +89,13 @@ def test_an_unwritable_table_still_chooses(tmp_path: Path, caplog) -> None:
         choice = KernelTable(blocker / "products.json").choose(5, torch.zeros(64, 32), NAMES, counting(calls))  # fmt: skip
     assert choice == "fast"
     assert "could not be written" in caplog.text
+
+
+def test_the_table_prints_one_row_per_shape_in_order(tmp_path: Path) -> None:
+    table = KernelTable(tmp_path / "products.json")
+    for rows in (16, 5):
+        table.choose(rows, torch.zeros(64, 32), NAMES, counting([]))
+    text = kernel_table.markdown(table)
+    threads = torch.get_num_threads()
+    assert text.index(f"| {threads} threads, 5 rows, 64x32 | fast |") < text.index("16 rows")
+    assert "| – | – |" in text  # onednn, few_rows: not candidates here

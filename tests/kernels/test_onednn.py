@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.nn.functional import linear as torch_linear
 
-from specbeam.kernels import native, onednn
+from specbeam.kernels import kernel_table, native, onednn
 from specbeam.kernels.onednn import linear, linears, packed
 
 pytestmark = pytest.mark.skipif(
@@ -12,9 +12,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _enabled(use_runtime):
-    """oneDNN at every row count, as on CPUs other than Intel's, without the extension's
-    few-row product (its own tests below turn it on)."""
-    use_runtime(onednn=True, onednn_min_rows=1, native=False)
+    """The vendor rule (the measured choice has its tests below): oneDNN at every row
+    count, as on CPUs other than Intel's, without the extension's few-row product (its own
+    tests below turn it on)."""
+    use_runtime(onednn=True, onednn_min_rows=1, native=False, kernels="vendor")
 
 
 needs_mkl = pytest.mark.skipif(
@@ -285,3 +286,74 @@ def test_packings_live_as_long_as_their_weight():
     assert not store._entries
     with pytest.raises(KeyError):
         store[other]
+
+
+class ForcedTable:
+    """A kernel table that chooses `kind` wherever it is a candidate, and records the
+    candidates it was offered."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.offered = kind, []
+
+    def choose(self, rows, weight, names, candidates) -> str:
+        self.offered.append(names)
+        return self.kind if self.kind in names else names[-1]
+
+
+@pytest.mark.parametrize(
+    ("choice", "kind"),
+    [("mkl", onednn.TORCH), ("onednn", onednn.ONEDNN), ("few_rows", onednn.FEW_ROWS)],
+)
+@torch.inference_mode()
+def test_measured_kernels_run_what_the_table_chose(monkeypatch, use_runtime, choice, kind):
+    """`kernels: measured`: a plain or stacked fp32 product runs the table's choice,
+    within rounding of torch's numbers; the few-row product is offered up to
+    `MAX_FEW_ROWS` rows of any width where the extension runs."""
+    _extension_in_use(use_runtime)
+    use_runtime(kernels="measured")
+    table = ForcedTable(choice)
+    monkeypatch.setattr(kernel_table, "current", lambda: table)
+    w, b = weights(out=45, inp=2048)
+    x = torch.randn(5, 2048)
+    assert onednn.resolve(5, x.dtype, w, b).kind == kind
+    torch.testing.assert_close(linear(x, w, b), torch_linear(x, w, b), rtol=0, atol=1e-4)
+    assert "few_rows" in table.offered[-1]  # 5 × 2048 inputs: beyond the vendor rule's limit
+    ws, bs = group()
+    group_x = torch.randn(5, 64)
+    assert onednn.resolve_group(5, group_x.dtype, ws, bs).kind == kind
+    onednn.resolve(onednn.MAX_FEW_ROWS + 1, x.dtype, w, b)
+    assert "few_rows" not in table.offered[-1]
+
+
+@needs_mkl
+@torch.inference_mode()
+def test_a_measured_mkl_packed_choice_packs_once_the_count_recurs(monkeypatch, use_runtime):
+    use_runtime(kernels="measured")
+    monkeypatch.setattr(kernel_table, "current", lambda: ForcedTable("mkl_packed"))
+    w, b = weights(out=96, inp=64, seed=3)
+    kinds = [onednn.resolve(6, torch.float32, w, b).kind for _ in range(onednn.PACK_AFTER + 1)]
+    assert kinds[0] == onednn.TORCH and kinds[-1] == onednn.MKL
+
+
+@torch.inference_mode()
+def test_every_kernel_the_table_times_gives_torchs_numbers(use_runtime):
+    _extension_in_use(use_runtime)
+    w, b = weights(out=40, inp=64, seed=5)
+    names = tuple(n for n in onednn.FP32_KINDS if n != "mkl_packed" or torch.backends.mkl.is_available())  # fmt: skip
+    candidates = onednn._timed(w, b, names, 5)(3)
+    assert set(candidates) == set(names)
+    x = torch.randn(5, 64)
+    for name, run in candidates.items():
+        for copy in range(3):
+            torch.testing.assert_close(run(x, copy), torch_linear(x, w, b), rtol=0, atol=1e-5, msg=name)  # fmt: skip
+
+
+@torch.inference_mode()
+def test_the_first_measured_product_fills_the_table(tmp_path, monkeypatch, use_runtime):
+    use_runtime(kernels="measured")
+    table = kernel_table.KernelTable(tmp_path / "products.json")
+    monkeypatch.setattr(kernel_table, "current", lambda: table)
+    w, b = weights(out=64, inp=64, seed=7)
+    linear(torch.randn(3, 64), w, b)
+    (key,) = table.choices
+    assert "3 rows, 64x64" in key and table.choices[key] in onednn.FP32_KINDS
