@@ -68,7 +68,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 NLLB_VOCAB = 256_206
-LANGS = ("spa_Latn", "eng_Latn")
 BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
 PARTS = ("products", "attention", "log-softmax + top-k", "acceptance, commit", "everything else")
 
@@ -105,10 +104,12 @@ def load(args: argparse.Namespace, dtype: str) -> Setup:
         from bench import load_config  # scripts/: the apps' configs, composed by Hydra
 
         cfg = load_config(args.model, "cpu")
-        pair = open_pair(cfg.model, *LANGS, with_draft=True, draft_dtype=hw.draft_torch_dtype)
-        verses = [p.source for p in cfg.task.split("test")[:: args.every][: args.sentences]]
-        sources = encode_sources(pair.tokenizer, verses, LANGS[0])
-        vocab, prompt = pair.tokenizer.vocab_info, target_prompt(pair.tokenizer, LANGS[1])
+        task = cfg.task
+        pair = open_pair(cfg.model, task.src_lang, task.tgt_lang, with_draft=True,
+                         draft_dtype=hw.draft_torch_dtype)  # fmt: skip
+        verses = [p.source for p in task.split("test")[:: args.every][: args.sentences]]
+        sources = encode_sources(pair.tokenizer, verses, task.src_lang)
+        vocab, prompt = pair.tokenizer.vocab_info, target_prompt(pair.tokenizer, task.tgt_lang)
         gen_len = args.gen_len
     pair = hw.place(pair)
     assert pair.draft is not None
