@@ -53,10 +53,10 @@ from fairseq2.models.transformer import TransformerModel
 from torch import Tensor
 from tqdm import tqdm
 
-from specbeam.apps.data import pad
 from specbeam.apps.decoding import DecodingConfig, load_decoding, make_generator
 from specbeam.apps.hardware import HardwareConfig, load_hardware
-from specbeam.apps.inference import encode_sources, target_prompt
+from specbeam.data.batches import pad
+from specbeam.data.inference import encode_sources, target_prompt
 from specbeam.integration.models import Draft, LoadedPair, ModelArch, build_model, open_pair
 from specbeam.kernels import attention, native, onednn, quant
 from specbeam.kernels.cpu import cpu_kind
