@@ -9,15 +9,15 @@ changes), for inference only: with autograd on, or where oneDNN cannot run the w
 the CPU, or of a type it lacks), this is `torch.nn.functional.linear`. Same arithmetic up
 to fp32 rounding.
 
-On Intel CPUs MKL dispatches its own small-GEMM kernels, which beat oneDNN below a few
-rows; so fp32 products of fewer than `min_rows` rows go to MKL (by default 8 on Intel
-CPUs, never elsewhere). A row count of `MIN_PACKED_ROWS` or more that recurs (beam 5's
-plain steps: 5 rows, every call) runs on MKL's packed GEMM, whose copy of the weight is
-packed for that one row count.
-
-Elsewhere, fp32 products of at most `MAX_FEW_ROWS` rows (a batch-1 decoder call) run on the
-compiled extension's own product where it is in use (`csrc/few_rows.cpp`): oneDNN's op
-costs tens of microseconds per call beside its kernel, and such a call is little else.
+Which kernel runs an fp32 product is measured per machine (`hardware.kernels: measured`,
+`specbeam.kernels.kernel_table`): MKL's sgemm, MKL's packed GEMM (a copy of the weight packed
+for one row count, once that count has recurred: beam 5's plain steps are 5 rows every call),
+oneDNN's packed GEMM, or, up to `MAX_FEW_ROWS` rows, the compiled extension's own product where
+it is in use (`csrc/few_rows.cpp`): oneDNN's op costs tens of microseconds per call beside its
+kernel, and a batch-1 decoder call is little else. `kernels: vendor` keeps the rule that chose
+before: MKL below `onednn_min_rows` rows (8 on Intel CPUs), the own product within
+`AVX512_FEW_ROWS_INPUTS` on AVX-512, else oneDNN. An explicit `onednn_min_rows` sends fewer
+rows to MKL under either.
 """
 
 from __future__ import annotations
