@@ -279,13 +279,16 @@ def check_ct2_env(environ: dict[str, str]) -> None:
 
 
 def ct2_log(stderr: str) -> str:
-    """What CTranslate2's log (`CT2_VERBOSE=1`) says it ran on: ISA and GEMM backends."""
+    """What CTranslate2's log (`CT2_VERBOSE=1`) says it ran on: ISA, fp32 and int8 GEMM
+    backends (`packed`: on weights packed once)."""
     found = {}
     for line in stderr.splitlines():
-        for key in ("Selected ISA", "SGEMM backend", "GEMM_S8 backend"):
+        for key, name in (("Selected ISA", "ISA"), ("SGEMM backend", "fp32"), ("GEMM_S8 backend", "int8")):  # fmt: skip
             if f"- {key}: " in line:
-                found[key] = line.split(f"- {key}: ", 1)[1].split(", u8s8")[0].strip()
-    return ", ".join(f"{k.split()[0]} {v}" for k, v in found.items()).replace("Selected ", "")
+                value = line.split(f"- {key}: ", 1)[1]
+                backend = value.split(" (")[0].strip()
+                found[name] = backend + (" packed" if "packed: true" in value else "")
+    return ", ".join(f"{name} {value}" for name, value in found.items())
 
 
 def engines(native: list[str], ct2_variants: list[str], search: str = "beam") -> list[str]:

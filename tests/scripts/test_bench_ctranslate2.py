@@ -34,7 +34,7 @@ def test_engines_are_picked_by_name_or_part_of_one(script) -> None:
     assert bench.choose(every, None) == every
     assert bench.choose(every, [SPEC]) == [BASE, SPEC]  # a whole name: that engine alone
     assert bench.choose(every, ["int8"]) == [BASE, f"{SPEC}+int8", *ct2[2:]]
-    assert bench.choose(greedy, ["float32 default"]) == ["fairseq2 greedy", greedy[2]]
+    assert bench.choose(greedy, [greedy[2]]) == ["fairseq2 greedy", "CTranslate2 float32 default"]
     with pytest.raises(SystemExit, match="--engines fp16: no such engine here"):
         bench.choose(every, ["int8", "fp16"])
 
@@ -69,7 +69,11 @@ LOG = """[2026-12-08 00:36:40.789] [ctranslate2] [thread 1] [info] CPU: Authenti
 
 def test_the_log_names_what_ctranslate2_ran_on(script) -> None:
     ct2_log = script("bench_ctranslate2").ct2_log
-    assert ct2_log(LOG) == "ISA AVX512, SGEMM DNNL (packed: false), GEMM_S8 DNNL (packed: false"
+    assert ct2_log(LOG) == "ISA AVX512, fp32 DNNL, int8 DNNL"
+    assert (
+        ct2_log(LOG.replace("DNNL (packed: false", "MKL (packed: true"))
+        == "ISA AVX512, fp32 MKL packed, int8 MKL packed"
+    )
 
 
 def test_the_timed_rows_keep_each_types_default_and_its_fastest(script) -> None:
@@ -160,6 +164,9 @@ def test_quick_run_writes_the_table(tmp_path: Path) -> None:
         assert all(r["others_cpu_seconds"] >= 0 and r["steal_seconds"] >= 0 for r in rows.values())  # fmt: skip
     table = (tmp_path / "ct2.md").read_text()
     assert all(f"| batch 1 | {engine} |" in table for engine in int8)
-    assert "| batch 16 | CTranslate2 int8_float32 DNNL AVX2 | ISA AVX2, SGEMM DNNL" in table
+    assert (
+        "| batch 16 | CTranslate2 int8_float32 DNNL AVX2 | ISA AVX2, fp32 DNNL, int8 DNNL |"
+        in table
+    )
     assert "exact to specbeam's own plain search on that quantized target" in table
     assert (tmp_path / "ct2.png").stat().st_size > 0
