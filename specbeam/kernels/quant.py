@@ -212,6 +212,8 @@ class QuantizedLinear(Projection):
         """The weight's copy in `precision`."""
         key = _version(self.weight)
         if key != self._key:
+            if self.weight.dtype != torch.float32:
+                raise ValueError("a quantized layer cast to another dtype: dequantize it first")
             self._copy, self._key = prepare(self.weight.detach(), self.precision), key
         assert self._copy is not None
         return self._copy
@@ -238,7 +240,7 @@ def plain(module: Module) -> Module:
     return module._plain[0] if isinstance(module, QuantizedLinear) else module
 
 
-def _swappable(module: Module) -> bool:
+def _replaceable(module: Module) -> bool:
     """fairseq2's projections that are one product: a sharded one over a gang of one
     (what fairseq2 builds a model's layers with) gathers and reduces nothing."""
     module = plain(module)
@@ -273,9 +275,9 @@ def quantize(model: Module, precision: str, sharing: Sequence[Module] = ()) -> M
     target's final projection) get the same replacements. The fp32 weights stay."""
     if precision == "float32":
         return model
-    if _swappable(model):
+    if _replaceable(model):
         raise ValueError("a linear layer is replaced in its parent: wrap it in QuantizedLinear")
-    projections = [m for m in model.modules() if _swappable(m)]
+    projections = [m for m in model.modules() if _replaceable(m)]
     if not projections:
         raise ValueError("it has no fairseq2 linear layers to quantize")
     odd = next((m.weight for m in projections if m.weight.dtype != torch.float32), None)

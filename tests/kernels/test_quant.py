@@ -209,6 +209,9 @@ def test_a_changed_weight_is_quantized_again() -> None:
     with torch.inference_mode():
         after = layer(x)
     torch.testing.assert_close(after - layer.bias, 2 * (before - layer.bias), atol=1e-4, rtol=0)
+    layer.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="dequantize it first"):
+        layer(x.bfloat16())
 
 
 def test_a_copy_quantizes_its_own_weight_and_dequantize_puts_the_layer_back() -> None:
