@@ -124,7 +124,8 @@ class HardwareConfig(MachineSettings):
             if self.device != "cpu":
                 raise ValueError(f"hardware.target_dtype={self.target_dtype} runs on the CPU only")
             try:
-                quant.quantize(pair.target, precision)
+                # A draft head holds the target's final projection: it reads the new one.
+                quant.quantize(pair.target, precision, [] if pair.draft is None else [pair.draft])
             except ValueError as error:
                 raise ValueError(
                     f"hardware.target_dtype={self.target_dtype} cannot run this target: {error}"

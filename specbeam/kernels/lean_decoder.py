@@ -24,13 +24,13 @@ from fairseq2.models.transformer import (
     TransformerDecoder,
     TransformerNormOrder,
 )
-from fairseq2.nn import Linear, StandardLayerNorm
+from fairseq2.nn import StandardLayerNorm
 from torch import Tensor
 from torch.nn.functional import layer_norm
 
 from specbeam.kernels import attention, native, quant
 from specbeam.kernels.native_layers import NativeLayers
-from specbeam.kernels.onednn import linear, linears
+from specbeam.kernels.onednn import project, projects
 
 
 def lean_problem(decoder: TransformerDecoder) -> str | None:
@@ -152,16 +152,16 @@ def decoder_layer(
     ordered = quant.attends_in_order(attn)
     h = _norm(x, layer.self_attn_layer_norm)
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    q, k, v = (_heads(_unpacked(t, packing), attn.head_dim) for t in linears(h, *_params(projs)))
+    q, k, v = (_heads(_unpacked(t, packing), attn.head_dim) for t in projects(h, projs))
     out = _packed(_attend(q, *keys_with(k, v), self_bias, ordered), packing)
-    x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+    x = x + project(out, attn.output_proj)
     attn = layer.encoder_decoder_attn
     h = _norm(x, layer.encoder_decoder_attn_layer_norm)
-    q = linear(h, attn.q_proj.weight, attn.q_proj.bias)
+    q = project(h, attn.q_proj)
     out = _packed(
         _attend(_heads(_unpacked(q, packing), attn.head_dim), *cross, cross_bias, ordered), packing
     )
-    x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+    x = x + project(out, attn.output_proj)
     return feed_forward(layer, x)
 
 
@@ -170,18 +170,14 @@ def feed_forward(
 ) -> Tensor:
     """A pre-LN layer's feed-forward block with its residual (encoder layers alike)."""
     ffn = layer.ffn
-    h = linear(_norm(x, layer.ffn_layer_norm), ffn.inner_proj.weight, ffn.inner_proj.bias)
-    return x + linear(ffn.inner_activation(h), ffn.output_proj.weight, ffn.output_proj.bias)
+    h = project(_norm(x, layer.ffn_layer_norm), ffn.inner_proj)
+    return x + project(ffn.inner_activation(h), ffn.output_proj)
 
 
 def cross_keys(attn: StandardMultiheadAttention, encoder_output: Tensor) -> tuple[Tensor, Tensor]:
     """A cross-attention's keys and values over the encoder output, (S, K, H, D) each."""
-    k, v = linears(encoder_output, *_params((attn.k_proj, attn.v_proj)))
+    k, v = projects(encoder_output, (attn.k_proj, attn.v_proj))
     return k.unflatten(-1, (-1, attn.head_dim)), v.unflatten(-1, (-1, attn.head_dim))
-
-
-def _params(projs: Sequence[Linear]) -> tuple[list[Tensor], list[Tensor | None]]:
-    return [p.weight for p in projs], [p.bias for p in projs]
 
 
 def final_norm(decoder: TransformerDecoder, x: Tensor) -> Tensor:

@@ -25,12 +25,11 @@ from specbeam.kernels.lean_decoder import (
     _attend,
     _heads,
     _norm,
-    _params,
     attention_problem,
     feed_forward,
     padding_bias,
 )
-from specbeam.kernels.onednn import linear, linears
+from specbeam.kernels.onednn import project, projects
 
 MAX_TOKENS = 1024
 
@@ -69,9 +68,9 @@ def encode(encoder: StandardTransformerEncoder, x: Tensor, seq_lens: list[int]) 
         attn = layer.self_attn
         h = _norm(x, layer.self_attn_layer_norm)
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        q, k, v = (_heads(t, attn.head_dim) for t in linears(h, *_params(projs)))
+        q, k, v = (_heads(t, attn.head_dim) for t in projects(h, projs))
         out = _attend(q, k, v, bias, quant.attends_in_order(attn))
-        x = x + linear(out, attn.output_proj.weight, attn.output_proj.bias)
+        x = x + project(out, attn.output_proj)
         x = feed_forward(layer, x)
     assert isinstance(encoder.layer_norm, StandardLayerNorm)
     return _norm(x, encoder.layer_norm)

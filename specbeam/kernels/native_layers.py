@@ -11,7 +11,7 @@ from typing import final
 
 import torch
 from fairseq2.models.transformer import StandardTransformerDecoderLayer, TransformerDecoder
-from fairseq2.nn import StandardLayerNorm
+from fairseq2.nn import Projection, StandardLayerNorm
 from torch import Tensor
 
 from specbeam.kernels import attention, onednn
@@ -24,33 +24,29 @@ def _norm(norm: StandardLayerNorm) -> list[Tensor | None]:
 
 @dataclass(frozen=True)
 class _Layer:
-    """One layer's fixed arguments: norms, epsilons, products' weights and biases."""
+    """One layer's fixed arguments: norms, epsilons, products' projections."""
 
     norms: list[Tensor | None]
     eps: list[float]
-    qkv: tuple[list[Tensor], list[Tensor | None]]
-    others: list[tuple[Tensor, Tensor | None]]  # self output, cross q, cross output, ffn
+    qkv: tuple[Projection, ...]
+    others: list[Projection]  # self output, cross q, cross output, ffn
     head_dim: int
 
     @staticmethod
     def of(layer: StandardTransformerDecoderLayer) -> _Layer:
         attn, cross, ffn = layer.self_attn, layer.encoder_decoder_attn, layer.ffn
         norms = (layer.self_attn_layer_norm, layer.encoder_decoder_attn_layer_norm, layer.ffn_layer_norm)  # fmt: skip
-        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         return _Layer(
             norms=[t for n in norms for t in _norm(n)],
             eps=[float(n.eps) for n in norms],
-            qkv=([p.weight for p in projs], [p.bias for p in projs]),
+            qkv=(attn.q_proj, attn.k_proj, attn.v_proj),
             others=[
-                (p.weight, p.bias)
-                for p in (
-                    attn.output_proj,
-                    cross.q_proj,
-                    cross.output_proj,
-                    ffn.inner_proj,
-                    ffn.output_proj,
-                )
-            ],  # fmt: skip
+                attn.output_proj,
+                cross.q_proj,
+                cross.output_proj,
+                ffn.inner_proj,
+                ffn.output_proj,
+            ],
             head_dim=attn.head_dim,
         )
 
@@ -113,10 +109,10 @@ class NativeLayers:
         ints: list[int] = []
         settled = True
         for layer in self.layers:
-            qkv = onednn.resolve_group(rows, dtype, *layer.qkv)
+            qkv = onednn.resolve_projections(rows, dtype, layer.qkv)
             if qkv is None:
                 return None
-            products = [qkv, *(onednn.resolve(rows, dtype, w, b) for w, b in layer.others)]
+            products = [qkv, *(onednn.resolve_projection(rows, dtype, p) for p in layer.others)]
             tensors = list(layer.norms)
             for p in products:
                 tensors += (p.weight, p.bias, p.packed, p.scales)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from fairseq2.nn import Projection
 from torch import Tensor
 from torch.nn.functional import linear as _torch_linear
 
@@ -336,11 +337,8 @@ def settings() -> tuple[bool, int, bool, bool, str, int]:
     )  # fmt: skip
 
 
-def _quantized(rows: int, weight: Tensor, bias: Tensor | None) -> Product | None:
-    """The product in `weight`'s marked precision; None where it has none."""
-    if quant.precision_of(weight) is None:
-        return None
-    copy = quant.copy_of(weight)
+def _quantized(rows: int, weight: Tensor, bias: Tensor | None, copy: quant.Quantized) -> Product:
+    """The product on `weight`'s `copy` in its precision."""
     if copy.precision == "bfloat16":
         return Product(BF16, weight, bias, copy.data, copy=copy)
     if copy.on_fbgemm(rows):
@@ -349,11 +347,7 @@ def _quantized(rows: int, weight: Tensor, bias: Tensor | None) -> Product | None
 
 
 def resolve(rows: int, dtype: torch.dtype, weight: Tensor, bias: Tensor | None) -> Product:
-    """How `linear` runs `weight` on `rows` rows of `dtype`: in its marked precision
-    where it has one, whatever the runtime (every path must compute the same numbers)."""
-    quantized = _quantized(rows, weight, bias)
-    if quantized is not None:
-        return quantized
+    """How `linear` runs `weight` (in its own dtype) on `rows` rows of `dtype`."""
     if _bypassed(dtype, (weight,)):
         return Product(TORCH, weight, bias)
     return _fp32(rows, dtype, weight, bias, packed)
@@ -364,16 +358,32 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return resolve(x.numel() // x.size(-1), x.dtype, weight, bias)(x)
 
 
+def resolve_projection(rows: int, dtype: torch.dtype, proj: Projection) -> Product:
+    """How `project` runs `proj` (a fairseq2 projection with a weight) on `rows` rows of
+    `dtype`: a `QuantizedLinear` in its precision, whatever the runtime (every path must
+    compute the same numbers); any other as `linear` runs its weight."""
+    if isinstance(proj, quant.QuantizedLinear):
+        return _quantized(rows, proj.weight, proj.bias, proj.quantized())
+    return resolve(rows, dtype, proj.weight, proj.bias)
+
+
+def project(x: Tensor, proj: Projection) -> Tensor:
+    """x (..., in) -> (..., out), as `proj(x)`."""
+    return resolve_projection(x.numel() // x.size(-1), x.dtype, proj)(x)
+
+
 def resolve_group(
-    rows: int, dtype: torch.dtype, weights: Sequence[Tensor], biases: Sequence[Tensor | None]
+    rows: int,
+    dtype: torch.dtype,
+    weights: Sequence[Tensor],
+    biases: Sequence[Tensor | None],
+    precision: str | None = None,
 ) -> Product | None:
-    """One product over `weights` stacked (their outputs side by side, widths `sizes`);
-    None where they are not stacked (`linears` then runs them one by one). Weights of
-    one marked precision stack into a weight of that precision: its rows are theirs."""
-    precision = quant.precision_of(weights[0])
+    """One product over `weights` stacked (their outputs side by side, widths `sizes`),
+    in `precision` (None: their own dtype); None where they are not stacked (`linears`
+    then runs them one by one). Weights stacked into one quantized copy keep their rows'
+    scales: a row's result is the one its own weight gives."""
     if precision is None and _bypassed(dtype, weights):
-        return None
-    if any(quant.precision_of(w) != precision for w in weights):
         return None
     key = (precision, *(_key(t) for t in (*weights, *(b for b in biases if b is not None))))
     entry = _fused.get(weights[0])
@@ -391,15 +401,21 @@ def resolve_group(
             if precision is None:
                 copy = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
             else:
-                quant.mark(stacked, precision)
-                copy = None
+                copy = quant.prepare(stacked, precision)
         entry = (key, copy, stacked, bias, tuple(w.size(0) for w in weights))
         _fused[weights[0]] = entry
     _, copy, stacked, bias, sizes = entry
-    quantized = _quantized(rows, stacked, bias)
-    if quantized is not None:
-        return dataclasses.replace(quantized, sizes=sizes)
+    if precision is not None:
+        return dataclasses.replace(_quantized(rows, stacked, bias, copy), sizes=sizes)
     return dataclasses.replace(_fp32(rows, dtype, stacked, bias, lambda _: copy), sizes=sizes)
+
+
+def resolve_projections(rows: int, dtype: torch.dtype, projs: Sequence[Projection]) -> Product | None:  # fmt: skip
+    """`resolve_group` over `projs`' weights, where they run in one precision."""
+    precision = quant.precision_of(projs[0])
+    if any(quant.precision_of(p) != precision for p in projs):
+        return None
+    return resolve_group(rows, dtype, [p.weight for p in projs], [p.bias for p in projs], precision)
 
 
 def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None]) -> list[Tensor]:
@@ -409,4 +425,12 @@ def linears(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None
     group = resolve_group(x.numel() // x.size(-1), x.dtype, weights, biases)
     if group is None:
         return [linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+    return list(group(x).split(group.sizes, dim=-1))
+
+
+def projects(x: Tensor, projs: Sequence[Projection]) -> list[Tensor]:
+    """`project(x, p)` for each projection, stacked as `linears` stacks weights."""
+    group = resolve_projections(x.numel() // x.size(-1), x.dtype, projs)
+    if group is None:
+        return [project(x, p) for p in projs]
     return list(group(x).split(group.sizes, dim=-1))

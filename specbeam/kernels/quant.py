@@ -23,22 +23,24 @@ Rounding to 8 bits is not continuous: an input one fp32 ulp away from a rounding
 boundary lands on the other side. So the attention between the products must not depend
 on a row's company either (`specbeam.kernels.attention`).
 
-The model keeps its fp32 weights; `quantize` marks them and swaps its fairseq2 linear
-modules for ones that run the same products (and its attention's SDPA), so fairseq2's
-own generators on the module, the lean decoders and the native layers
-(`specbeam.kernels.onednn.resolve`) compute the same numbers.
+`quantize` replaces each fairseq2 linear layer of a model by a `QuantizedLinear` that
+keeps its fp32 weight and holds the copy in its precision, and makes its attention's SDPA
+attend in order; fairseq2's own generators on the modules, the lean decoders and the
+native layers (`specbeam.kernels.onednn.resolve_projection`) read the precision and the
+copy from that module, so they compute the same numbers. No tensor carries a mark.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, final
 
 import torch
-from fairseq2.nn import ColumnShardedLinear, Linear, RowShardedLinear, TiedProjection
+from fairseq2.nn import ColumnShardedLinear, Linear, Projection, RowShardedLinear, TiedProjection
 from torch import Tensor
 from torch.nn import Module
 
@@ -66,54 +68,6 @@ class Quantized:
     def on_fbgemm(self, rows: int) -> bool:
         """Whether an int8 product of `rows` rows sums on fbgemm (else on `_int_mm`)."""
         return rows <= self.fbgemm_rows
-
-
-def _version(weight: Tensor) -> tuple:
-    return (weight.data_ptr(), weight.dtype, 0 if weight.is_inference() else weight._version)
-
-
-class _Marks:
-    """weight -> (precision, version, its copy); the copy is made again when the weight
-    changes. Kept on the tensor itself so that it lives and dies with it."""
-
-    ATTR = "_specbeam_quant"
-
-    @classmethod
-    def precision(cls, weight: Tensor) -> str | None:
-        mark = getattr(weight, cls.ATTR, None)
-        # A marked module cast to another dtype (a draft head's copy) runs its own dtype.
-        return None if mark is None or weight.dtype != torch.float32 else mark[0]
-
-    @classmethod
-    def mark(cls, weight: Tensor, precision: str) -> None:
-        setattr(weight, cls.ATTR, [precision, None, None])
-
-    @classmethod
-    def copy(cls, weight: Tensor) -> Quantized:
-        mark = getattr(weight, cls.ATTR)
-        key = _version(weight)
-        if mark[1] != key:
-            mark[1], mark[2] = key, prepare(weight.detach(), mark[0])
-        return mark[2]
-
-
-def precision_of(weight: Tensor) -> str | None:
-    """The precision `weight`'s products run in; None: its own dtype."""
-    return _Marks.precision(weight)
-
-
-def mark(weight: Tensor, precision: str) -> None:
-    """Runs `weight`'s products in `precision` from now on (`product`)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision} is not one of {', '.join(PRECISIONS)}")
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-        raise ValueError("only fp32 CPU weights (out, in) are quantised")
-    _Marks.mark(weight, precision)
-
-
-def copy_of(weight: Tensor) -> Quantized:
-    """`weight`'s copy in its marked precision, made on first use."""
-    return _Marks.copy(weight)
 
 
 FBGEMM_MAX_ROWS = 16
@@ -222,41 +176,75 @@ def bf16_product(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
     return out
 
 
-def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ weight.T + bias in `weight`'s marked precision."""
-    copy = copy_of(weight)
+def product(x: Tensor, copy: Quantized, bias: Tensor | None) -> Tensor:
+    """x @ weight.T + bias on `weight`'s `copy`, in its precision."""
     if copy.precision == "int8":
         return int8_product(x, copy, bias)
     return bf16_product(x, copy.data, bias)
 
 
-def _forward(self: Any, x: Tensor) -> Tensor:
-    if precision_of(self.weight) is None:
-        return super(type(self), self).forward(x)
-    return product(x, self.weight, self.bias)
+def _version(weight: Tensor) -> tuple:
+    return (weight.data_ptr(), weight.dtype, 0 if weight.is_inference() else weight._version)
 
 
-_QUANTIZED: dict[type, type] = {}
+@final
+class QuantizedLinear(Projection):
+    """A fairseq2 projection (`plain`) whose products run in `precision`. It holds
+    `plain`'s fp32 weight and bias, the same parameters under the same names (state dicts
+    and tied weights stay as they were), and their copy in `precision`, made on first use
+    and again when the weight changes; `dequantize` puts `plain` back."""
+
+    def __init__(self, plain: Projection, precision: str) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision} is not one of {', '.join(PRECISIONS)}")
+        weight = plain.weight
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+            raise ValueError("only fp32 CPU weights (out, in) are quantised")
+        super().__init__(plain.input_dim, plain.output_dim)
+        self.weight = weight
+        self.register_parameter("bias", plain.bias)
+        self.precision = precision
+        self._plain = (plain,)  # not a submodule: its parameters are this module's
+        self._key: tuple | None = None
+        self._copy: Quantized | None = None
+
+    def quantized(self) -> Quantized:
+        """The weight's copy in `precision`."""
+        key = _version(self.weight)
+        if key != self._key:
+            if self.weight.dtype != torch.float32:
+                raise ValueError("a quantized layer cast to another dtype: dequantize it first")
+            self._copy, self._key = prepare(self.weight.detach(), self.precision), key
+        assert self._copy is not None
+        return self._copy
+
+    def forward(self, x: Tensor) -> Tensor:
+        return product(x, self.quantized(), self.bias)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy quantizes its own weight when first used (oneDNN's and fbgemm's packed
+        # copies are opaque).
+        return {**super().__getstate__(), "_key": None, "_copy": None}
+
+    def extra_repr(self) -> str:
+        return f"{self._plain[0].extra_repr()}, precision={self.precision}"
 
 
-def quantized_class(cls: type) -> type:
-    """`cls` (a fairseq2 projection) whose product runs in its weight's marked precision."""
-    if cls not in _QUANTIZED:
-        _QUANTIZED[cls] = type(f"Quantized{cls.__name__}", (cls,), {"forward": _forward})
-    return _QUANTIZED[cls]
+def precision_of(module: Module) -> str | None:
+    """The precision `module`'s products run in; None: its weight's own dtype."""
+    return module.precision if isinstance(module, QuantizedLinear) else None
 
 
-def _fairseq2_class(module: Module) -> type:
-    """`module`'s fairseq2 class, also once `quantize` swapped it (a draft head's copy of
-    a quantized target's projection)."""
-    cls = type(module)
-    return cls.__base__ if cls in _QUANTIZED.values() else cls  # type: ignore[return-value]
+def plain(module: Module) -> Module:
+    """`module` as it was before `quantize`."""
+    return module._plain[0] if isinstance(module, QuantizedLinear) else module
 
 
-def _swappable(module: Module) -> bool:
+def _replaceable(module: Module) -> bool:
     """fairseq2's projections that are one product: a sharded one over a gang of one
     (what fairseq2 builds a model's layers with) gathers and reduces nothing."""
-    cls = _fairseq2_class(module)
+    module = plain(module)
+    cls = type(module)
     if cls in (Linear, TiedProjection):
         return True
     if cls in (ColumnShardedLinear, RowShardedLinear):
@@ -264,19 +252,32 @@ def _swappable(module: Module) -> bool:
     return False
 
 
+def _replace(roots: Sequence[Module], replaced: dict[int, Module]) -> None:
+    """Replaces, by name, each child of `roots`' modules that `replaced` maps (by id)."""
+    for parent in [m for root in roots for m in root.modules()]:
+        for name, child in list(parent._modules.items()):
+            new = replaced.get(id(child))
+            if new is not None:
+                setattr(parent, name, new)
+
+
 def attends_in_order(attn: Module) -> bool:
     """Whether `attn` (an attention module) attends through `specbeam.kernels.attention`,
     in the lean and native layers: its products are quantized."""
-    return precision_of(attn.output_proj.weight) is not None
+    return isinstance(attn.output_proj, QuantizedLinear)
 
 
-def quantize(model: Module, precision: str) -> Module:
-    """Marks every fairseq2 linear layer of `model` (the final projection included) to
-    run in `precision`, and its attention to run as `specbeam.kernels.attention` says;
-    float32 leaves it as it is. In place; the fp32 weights stay."""
+def quantize(model: Module, precision: str, sharing: Sequence[Module] = ()) -> Module:
+    """Replaces every fairseq2 linear layer of `model` (the final projection included)
+    by a `QuantizedLinear` in `precision`, and makes its attention run as
+    `specbeam.kernels.attention` says; float32 leaves it as it is. In place, by name; the
+    modules in `sharing` that hold some of `model`'s layers (a draft head holds the
+    target's final projection) get the same replacements. The fp32 weights stay."""
     if precision == "float32":
         return model
-    projections = [m for m in model.modules() if _swappable(m)]
+    if _replaceable(model):
+        raise ValueError("a linear layer is replaced in its parent: wrap it in QuantizedLinear")
+    projections = [m for m in model.modules() if _replaceable(m)]
     if not projections:
         raise ValueError("it has no fairseq2 linear layers to quantize")
     odd = next((m.weight for m in projections if m.weight.dtype != torch.float32), None)
@@ -285,8 +286,14 @@ def quantize(model: Module, precision: str) -> Module:
     problem = attention.order_problem(model)
     if problem is not None:
         raise ValueError(problem)
+    replaced = {id(m): QuantizedLinear(plain(m), precision) for m in projections}
     attention.order(model)
-    for module in projections:
-        module.__class__ = quantized_class(_fairseq2_class(module))
-        mark(module.weight, precision)
+    _replace([model, *sharing], replaced)
+    return model
+
+
+def dequantize(model: Module) -> Module:
+    """`model` with each `QuantizedLinear` replaced by its plain module, by name. In place."""
+    replaced = {id(m): plain(m) for m in model.modules() if isinstance(m, QuantizedLinear)}
+    _replace([model], replaced)
     return model

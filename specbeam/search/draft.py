@@ -22,9 +22,10 @@ from functools import partial
 from typing import Literal, Protocol, final
 
 import torch
+from fairseq2.nn import Projection
 from torch import Tensor
 
-from specbeam.kernels.onednn import linear
+from specbeam.kernels.onednn import project
 from specbeam.search.rules import ScoringRules
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree import DraftTree
@@ -159,7 +160,7 @@ class Drafter:
         # FR-Spec: a head drafts over its most frequent target-side tokens; a finished
         # hypothesis needs no draft, so EOS and padding are never among them.
         self.vocab: Tensor | None = None
-        self.proj: tuple[Tensor, Tensor | None] | None = None
+        self.proj: Projection | None = None
         head, size = decoder.head, shape.vocab
         if size is None and head is not None and head.vocab is not None:
             size = len(head.vocab)
@@ -167,13 +168,12 @@ class Drafter:
             if head is None:
                 raise ValueError("`draft_vocab` needs a draft head, not a draft decoder")
             special = tuple(t for t in (rules.eos_idx, rules.pad_idx) if t is not None)
-            self.vocab, weight, bias = head.draft_projection(size, special)
-            self.proj = (weight, bias)
+            self.vocab, self.proj = head.draft_projection(size, special)
 
     def _logits(self, states: Tensor) -> Tensor:
         if self.proj is None:
             return self.decoder.logits(states)
-        return linear(states, *self.proj)
+        return project(states, self.proj)
 
     def width(self, n: int) -> int:
         return n if self.shape.strategy == "linear" else self.shape.width

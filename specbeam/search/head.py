@@ -33,11 +33,11 @@ from fairseq2.models.transformer import (
     TransformerDecoderLayer,
     TransformerModel,
 )
-from fairseq2.nn import Linear
+from fairseq2.nn import Linear, Projection, TiedProjection
 from torch import Tensor, nn
 
 from specbeam.kernels import quant
-from specbeam.kernels.onednn import linear
+from specbeam.kernels.onednn import project
 from specbeam.search.stored import stored_settings
 
 HEAD_KIND = "draft_head"
@@ -85,15 +85,18 @@ class DraftHead(nn.Module):
         self.model_dim = dim
         self.pad_idx = target.pad_idx
         self.max_target_seq_len = target.max_target_seq_len
+        # A quantized target's layers are copied as they were before (`quantize` says
+        # whether the head's run quantized).
         layers: list[TransformerDecoderLayer] = [
-            copy.deepcopy(layer) for layer in list(target.decoder.layers)[-arch.num_layers :]
+            quant.dequantize(copy.deepcopy(layer))
+            for layer in list(target.decoder.layers)[-arch.num_layers :]
         ]
         dtype = next(target.decoder.parameters()).dtype
         # [token embedding ; parent state] (2M) -> M
-        self.feature_proj = Linear(2 * dim, dim, bias=True, dtype=dtype)
+        self.feature_proj: Projection = Linear(2 * dim, dim, bias=True, dtype=dtype)
         # [layer outputs ; final state] ((L + 1) M) -> M; no bias, so that the prompt's
         # zero states stay zero.
-        self.fuse: Linear | None = None
+        self.fuse: Projection | None = None
         if taps:
             self.fuse = Linear((len(taps) + 1) * dim, dim, bias=False, dtype=dtype)
             with torch.no_grad():
@@ -106,12 +109,12 @@ class DraftHead(nn.Module):
         self.vocab: Tensor | None = None
         """Token ids by frequency on the target side of the training data, most frequent
         first (None: not ranked): what `draft_vocab` (FR-Spec) drafts from."""
-        self._projections: dict[tuple[int, tuple[int, ...]], tuple[Tensor, Tensor, Tensor | None]] = {}  # fmt: skip
+        self._projections: dict[tuple[int, tuple[int, ...]], tuple[Tensor, Projection]] = {}
 
-    def draft_projection(self, size: int, excluded: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
-        """The `size` most frequent tokens but `excluded` and the rows of the output
-        projection that score them, kept per size: a new weight tensor would be packed
-        again by every call (specbeam/kernels/onednn.py)."""
+    def draft_projection(self, size: int, excluded: tuple[int, ...]) -> tuple[Tensor, Projection]:
+        """The `size` most frequent tokens but `excluded` and a projection of the output
+        projection's rows that score them, in its precision, kept per size: a new weight
+        tensor would be packed again by every call (specbeam/kernels/onednn.py)."""
         key = (size, excluded)
         if key not in self._projections:
             if self.vocab is None:
@@ -122,25 +125,28 @@ class DraftHead(nn.Module):
             proj = self.final_proj
             special = torch.tensor(excluded, device=self.vocab.device)
             ranked = self.vocab[~torch.isin(self.vocab, special)][:size].to(proj.weight.device)
-            bias = None if proj.bias is None else proj.bias.index_select(0, ranked)
-            weight = proj.weight.index_select(0, ranked)
-            precision = quant.precision_of(proj.weight)
+            weight = nn.Parameter(proj.weight.index_select(0, ranked), requires_grad=False)
+            bias = None
+            if proj.bias is not None:
+                bias = nn.Parameter(proj.bias.index_select(0, ranked), requires_grad=False)
+            rows: Projection = TiedProjection(weight, bias)
+            precision = quant.precision_of(proj)
             if precision is not None:
-                quant.mark(weight, precision)
-            self._projections[key] = (ranked, weight, bias)
+                rows = quant.QuantizedLinear(rows, precision)
+            self._projections[key] = (ranked, rows)
         return self._projections[key]
 
     def read_features(self, embedded: Tensor, features: Tensor) -> Tensor:
         """embedded: (..., M) tokens at their positions; features: (..., M) parent states."""
         x = torch.cat([embedded, features.to(embedded.dtype)], dim=-1)
-        return linear(x, self.feature_proj.weight, self.feature_proj.bias)
+        return project(x, self.feature_proj)
 
     def fuse_features(self, features: Tensor) -> Tensor:
         """features: (..., (L + 1) M) the target's states of `feature_layers`, then its
         final state -> (..., M), what the head reads as a parent's state."""
         if self.fuse is None:
             return features
-        return linear(features.to(self.fuse.weight.dtype), self.fuse.weight, None)
+        return project(features.to(self.fuse.weight.dtype), self.fuse)
 
     def own_state_dict(self) -> dict[str, Tensor]:
         """The head's own weights: what a checkpoint stores (the rest is the target's)."""
@@ -160,7 +166,7 @@ class DraftHead(nn.Module):
         if self.decoder.layer_norm is not None and self.decoder.layer_norm.weight.dtype != dtype:
             # One deepcopy keeps the tied embedding and projection one tensor.
             frontend, proj, norm = copy.deepcopy(
-                (self.decoder_frontend, self.final_proj, self.decoder.layer_norm)
+                (self.decoder_frontend, quant.plain(self.final_proj), self.decoder.layer_norm)
             )
             self.decoder_frontend, self.final_proj = frontend.to(dtype), proj.to(dtype)
             self.decoder.layer_norm = norm.to(dtype)
@@ -171,13 +177,13 @@ class DraftHead(nn.Module):
         kept: its own layers, and a copy of the target's projection (verification runs
         the target's own in the target's precision)."""
         quant.quantize(self.decoder.layers, precision)
-        for proj in (self.feature_proj, self.fuse):
-            if proj is not None:
-                quant.quantize(proj, precision)
-        self.decoder_frontend, self.final_proj = copy.deepcopy(
-            (self.decoder_frontend, self.final_proj)
+        self.feature_proj = quant.QuantizedLinear(quant.plain(self.feature_proj), precision)
+        if self.fuse is not None:
+            self.fuse = quant.QuantizedLinear(quant.plain(self.fuse), precision)
+        self.decoder_frontend, proj = copy.deepcopy(
+            (self.decoder_frontend, quant.plain(self.final_proj))
         )
-        quant.quantize(self.final_proj, precision)
+        self.final_proj = quant.QuantizedLinear(proj, precision)
         self._projections.clear()
         return self
 

@@ -44,7 +44,8 @@ from specbeam.kernels.lean_decoder import (
     padding_bias,
 )
 from specbeam.kernels.lean_encoder import MAX_TOKENS, encode, encoder_problem
-from specbeam.kernels.onednn import linear
+from specbeam.kernels.onednn import project
+from specbeam.kernels.quant import plain
 from specbeam.kernels.states import CrossAttentionState
 from specbeam.search.cache import SpeculativeKVCache
 from specbeam.search.head import DraftHead
@@ -288,10 +289,10 @@ class TreeDecoder:
         """Projects decoder outputs (..., M) to vocabulary logits (..., V); with `packing`
         (lean path only), the valid slots only, zeros elsewhere."""
         proj = self.model.final_proj
-        if self.lean is not None and isinstance(proj, Linear | TiedProjection):
+        if self.lean is not None and isinstance(plain(proj), Linear | TiedProjection):
             if packing is None:
-                return linear(hidden, proj.weight, proj.bias)
-            return packing.unpack(linear(packing.pack(hidden), proj.weight, proj.bias))
+                return project(hidden, proj)
+            return packing.unpack(project(packing.pack(hidden), proj))
         return proj(hidden)
 
     def select_sources(self, keep: Tensor) -> None:

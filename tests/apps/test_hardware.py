@@ -66,13 +66,28 @@ def test_int8_is_native_with_vnni_amx_or_fbgemm_on_avx2(monkeypatch, flags, buil
     assert onednn.native("float32")
 
 
+def quantized(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, quant.QuantizedLinear) for m in model.modules())
+
+
 def test_place_quantizes_the_target_in_its_precision(monkeypatch, tiny_target) -> None:
     monkeypatch.setattr(onednn, "int8_native", lambda: True)
     pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
     HardwareConfig(target_dtype="int8").place(pair)
     layers = [m for m in pair.target.modules() if isinstance(m, Projection)]
-    assert len(layers) > 1 and all(quant.precision_of(m.weight) == "int8" for m in layers)
+    assert len(layers) > 1 and all(quant.precision_of(m) == "int8" for m in layers)
     assert all(p.dtype == torch.float32 for p in pair.target.parameters())
+
+
+def test_a_float32_head_reads_the_quantized_targets_projection(monkeypatch, tiny_target):
+    """As the target's own layers are replaced, so is the projection the head holds."""
+    monkeypatch.setattr(onednn, "int8_native", lambda: True)
+    target = copy.deepcopy(tiny_target)
+    pair = LoadedPair(tokenizer=None, target=target, draft=DraftHead(target, HeadArch()))  # type: ignore[arg-type]
+    HardwareConfig(target_dtype="int8").place(pair)
+    assert isinstance(target.final_proj, quant.QuantizedLinear)
+    assert pair.draft.final_proj is target.final_proj and pair.draft.encoder is target.encoder
+    assert not quantized(pair.draft.decoder.layers) and pair.draft.feature_proj.weight.dtype == torch.float32  # fmt: skip
 
 
 def test_an_int8_draft_head_is_quantized_and_the_target_is_not(monkeypatch, tiny_target) -> None:
@@ -80,8 +95,8 @@ def test_an_int8_draft_head_is_quantized_and_the_target_is_not(monkeypatch, tiny
     target = copy.deepcopy(tiny_target)
     pair = LoadedPair(tokenizer=None, target=target, draft=DraftHead(target, HeadArch()))  # type: ignore[arg-type]
     HardwareConfig(draft_dtype="int8").place(pair)
-    assert quant.precision_of(pair.draft.feature_proj.weight) == "int8"
-    assert all(quant.precision_of(p) is None for p in target.parameters())
+    assert quant.precision_of(pair.draft.feature_proj) == "int8"
+    assert not quantized(target)
     model = LoadedPair(tokenizer=None, target=target, draft=copy.deepcopy(tiny_target))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="^hardware.draft_dtype=int8 runs a draft head, not a draft model$"):  # fmt: skip
         HardwareConfig(draft_dtype="int8").place(model)
@@ -97,10 +112,10 @@ def test_auto_drafts_a_head_in_autos_precision_and_a_model_in_bf16_where_native(
     target = copy.deepcopy(tiny_target)
     pair = LoadedPair(tokenizer=None, target=target, draft=DraftHead(target, HeadArch()))  # type: ignore[arg-type]
     HardwareConfig(draft_dtype="auto").place(pair)
-    weight = pair.draft.feature_proj.weight
-    assert quant.precision_of(weight) == (auto if auto == "int8" else None)
-    assert weight.dtype == (torch.bfloat16 if auto == "bfloat16" else torch.float32)
-    assert all(p.dtype == torch.float32 and quant.precision_of(p) is None for p in target.parameters())  # fmt: skip
+    proj = pair.draft.feature_proj
+    assert quant.precision_of(proj) == (auto if auto == "int8" else None)
+    assert proj.weight.dtype == (torch.bfloat16 if auto == "bfloat16" else torch.float32)
+    assert all(p.dtype == torch.float32 for p in target.parameters()) and not quantized(target)
     pair.draft = copy.deepcopy(tiny_target)
     HardwareConfig(draft_dtype="auto").place(pair)
     assert pair.draft.decoder.layers[0].ffn.inner_proj.weight.dtype == (torch.bfloat16 if bf16 else torch.float32)  # fmt: skip
@@ -127,7 +142,7 @@ def test_a_precision_without_native_support_runs_float32_with_a_warning(
         HardwareConfig(target_dtype=dtype).place(pair)
     (record,) = caplog.records
     assert record.getMessage() == message
-    assert all(quant.precision_of(p) is None for p in pair.target.parameters())
+    assert not quantized(pair.target)
 
 
 def test_a_target_that_cannot_be_quantized_is_a_one_line_error(monkeypatch, tiny_target) -> None:

@@ -15,7 +15,7 @@ import torch
 from fairseq2.nn import Linear, Projection
 
 from specbeam.data.batches import pad
-from specbeam.kernels import onednn, quant
+from specbeam.kernels import attention, onednn, quant
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
 from specbeam.search.head import DraftHead, HeadArch
 from tests.conftest import sources
@@ -33,11 +33,16 @@ PRECISIONS = [
 ]
 
 
-def marked_weight(precision: str, out: int = 96, inp: int = 64, seed: int = 0) -> torch.Tensor:
+def quantized_linear(
+    precision: str, out: int = 96, inp: int = 64, seed: int = 0, bias: bool = False
+) -> quant.QuantizedLinear:
     gen = torch.Generator().manual_seed(seed)
-    weight = torch.randn(out, inp, generator=gen) / 8
-    quant.mark(weight, precision)
-    return weight
+    layer = Linear(inp, out, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(out, inp, generator=gen) / 8)
+        if layer.bias is not None:
+            layer.bias.copy_(torch.randn(out, generator=gen))
+    return quant.QuantizedLinear(layer, precision)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -45,22 +50,21 @@ def marked_weight(precision: str, out: int = 96, inp: int = 64, seed: int = 0) -
 @torch.inference_mode()
 def test_a_row_is_the_same_in_any_company(precision, inp) -> None:
     """Rows 0, 3 and the last alone, and inside 5, 27 and 100 rows: bit-equal."""
-    weight = marked_weight(precision, out=200, inp=inp)
-    bias = torch.randn(200)
+    proj = quantized_linear(precision, out=200, inp=inp, bias=True)
     x = torch.randn(100, inp) * torch.logspace(-2, 2, 100)[:, None]  # rows of any magnitude
     for rows in (5, 27, 100):
-        together = onednn.linear(x[:rows], weight, bias)
+        together = onednn.project(x[:rows], proj)
         for i in (0, 3, rows - 1):
-            assert torch.equal(together[i], onednn.linear(x[i : i + 1], weight, bias)[0])
+            assert torch.equal(together[i], onednn.project(x[i : i + 1], proj)[0])
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @torch.inference_mode()
 def test_close_to_the_fp32_product(precision) -> None:
-    weight = marked_weight(precision, inp=512)
-    x, bias = torch.randn(27, 512), torch.randn(96)
-    want = torch.nn.functional.linear(x, weight, bias)
-    error = (onednn.linear(x, weight, bias) - want).norm() / want.norm()
+    proj = quantized_linear(precision, inp=512, bias=True)
+    x = torch.randn(27, 512)
+    want = torch.nn.functional.linear(x, proj.weight, proj.bias)
+    error = (onednn.project(x, proj) - want).norm() / want.norm()
     # Rounding each factor to 8 significant bits (bf16) or to one of 255 steps of its
     # row's or channel's largest magnitude (int8, about 4 steps per standard deviation
     # here): errors of a few tenths of a percent to a percent, at random signs.
@@ -72,13 +76,12 @@ def test_close_to_the_fp32_product(precision) -> None:
 def test_stacked_weights_compute_their_rows_alone(precision) -> None:
     """q, k and v stacked into one product give what three products give (the fairseq2
     modules run them one by one)."""
-    weights = [marked_weight(precision, seed=s) for s in range(3)]
-    biases = [torch.randn(96), None, torch.randn(96)]
+    projs = [quantized_linear(precision, seed=s, bias=s != 1) for s in range(3)]
     x = torch.randn(2, 7, 64)
-    stacked = onednn.linears(x, weights, biases)
-    assert onednn.resolve_group(14, x.dtype, weights, biases) is not None
-    for w, b, got in zip(weights, biases, stacked, strict=True):
-        assert torch.equal(got, quant.product(x, w, b))
+    stacked = onednn.projects(x, projs)
+    assert onednn.resolve_projections(14, x.dtype, projs) is not None
+    for proj, got in zip(projs, stacked, strict=True):
+        assert torch.equal(got, proj(x))
 
 
 @torch.inference_mode()
@@ -107,7 +110,7 @@ def test_the_extensions_int8_product_is_the_torch_ops_bit_for_bit() -> None:
     extension = quant.fbgemm_sums()
     if extension is None:
         pytest.skip("no extension (or no AVX2) here: the sums run on _int_mm")
-    copy = quant.copy_of(marked_weight("int8", out=200, inp=512))
+    copy = quantized_linear("int8", out=200, inp=512).quantized()
     assert copy.fbgemm is not None and copy.scales is not None
     torch_ops = dataclasses.replace(copy, fbgemm=None, fbgemm_rows=0)
     x = torch.randn(27, 512) * torch.logspace(-2, 2, 27)[:, None]
@@ -163,13 +166,13 @@ def test_int8_sums_run_on_fbgemm_up_to_its_rows(
     monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
     monkeypatch.setattr(native, "build", lambda: extension if built else None)
     monkeypatch.setattr(quant, "fbgemm_full_bits", lambda _: full_bits)
-    weight = marked_weight("int8", inp=512)
-    copy = quant.copy_of(weight)
+    proj = quantized_linear("int8", inp=512)
+    copy = proj.quantized()
     assert quant.weight_levels() == levels
     assert int(copy.data.abs().max()) == levels
     assert copy.fbgemm_rows == fbgemm_rows and (copy.fbgemm is not None) == (fbgemm_rows > 0)
     for rows in (1, 5, quant.FBGEMM_MAX_ROWS + 1):
-        kind = onednn.resolve(rows, torch.float32, weight, None).kind
+        kind = onednn.resolve_projection(rows, torch.float32, proj).kind
         assert kind == (onednn.INT8_FBGEMM if rows <= fbgemm_rows else onednn.INT8)
 
 
@@ -180,42 +183,64 @@ def test_a_row_is_the_same_on_either_kernel(monkeypatch) -> None:
     if quant.fbgemm_sums() is None:
         pytest.skip("no extension (or no AVX2) here: the sums run on _int_mm")
     monkeypatch.setattr(quant, "fbgemm_rows", lambda: 4)
-    weight = marked_weight("int8", out=200, inp=512)
+    proj = quantized_linear("int8", out=200, inp=512, bias=True)
     x = torch.randn(27, 512) * torch.logspace(-2, 2, 27)[:, None]
-    bias = torch.randn(200)
-    together = quant.product(x, weight, bias)
+    together = proj(x)
     for i in range(27):
-        assert torch.equal(quant.product(x[i : i + 1], weight, bias), together[i : i + 1])
+        assert torch.equal(proj(x[i : i + 1]), together[i : i + 1])
 
 
-def test_marks_fp32_cpu_weights_only() -> None:
+def test_quantizes_fp32_cpu_weights_only() -> None:
     with pytest.raises(ValueError, match="precision"):
-        quant.mark(torch.zeros(4, 4), "float16")
+        quant.QuantizedLinear(Linear(4, 4, bias=False), "float16")
     with pytest.raises(ValueError, match="fp32"):
-        quant.mark(torch.zeros(4, 4, dtype=torch.bfloat16), "int8")
+        quant.QuantizedLinear(Linear(4, 4, bias=False, dtype=torch.bfloat16), "int8")
+    with pytest.raises(ValueError, match="replaced in its parent"):
+        quant.quantize(Linear(4, 4, bias=False), "int8")
 
 
 def test_a_changed_weight_is_quantized_again() -> None:
-    layer = Linear(64, 32, bias=True)
-    quant.mark(layer.weight, "int8")
+    layer = quant.QuantizedLinear(Linear(64, 32, bias=True), "int8")
     x = torch.randn(3, 64)
     with torch.inference_mode():
-        before = quant.product(x, layer.weight, layer.bias)
+        before = layer(x)
     with torch.no_grad():
         layer.weight.mul_(2)
     with torch.inference_mode():
-        after = quant.product(x, layer.weight, layer.bias)
+        after = layer(x)
     torch.testing.assert_close(after - layer.bias, 2 * (before - layer.bias), atol=1e-4, rtol=0)
+    layer.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="dequantize it first"):
+        layer(x.bfloat16())
 
 
-def test_a_cast_copy_runs_its_own_dtype() -> None:
-    """A draft head's bf16 copy of the target's final projection is not quantized."""
-    layer = Linear(64, 32, bias=False)
-    quant.quantize(torch.nn.Sequential(layer), "int8")
-    cast = copy.deepcopy(layer).to(torch.bfloat16)
-    x = torch.randn(3, 64, dtype=torch.bfloat16)
-    assert quant.precision_of(cast.weight) is None
+def test_a_copy_quantizes_its_own_weight_and_dequantize_puts_the_layer_back() -> None:
+    layer = Linear(64, 32, bias=True)
+    model = quant.quantize(torch.nn.Sequential(layer), "int8")
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        want = model(x)
+    twin = copy.deepcopy(model)
+    assert twin[0].weight is not layer.weight and twin[0]._copy is None
+    with torch.inference_mode():
+        assert torch.equal(twin(x), want)
+    assert quant.dequantize(model)[0] is layer
+
+
+def test_a_heads_cast_copy_of_a_quantized_projection_runs_its_own_dtype(tiny_target) -> None:
+    """A draft head's bf16 copy of the target's final projection is not quantized, nor are
+    the layers it copies from a quantized target."""
+    target = quant.quantize(copy.deepcopy(tiny_target), "int8")
+    head = DraftHead(target, HeadArch(num_layers=1))
+    assert head.final_proj is target.final_proj
+    assert not any(isinstance(m, quant.QuantizedLinear) for m in head.decoder.layers.modules())
+    head.cast(torch.bfloat16)
+    cast = head.final_proj
+    assert not isinstance(cast, quant.QuantizedLinear) and cast.weight.dtype == torch.bfloat16
+    assert cast.weight is head.decoder_frontend.embed.weight
+    x = torch.randn(3, cast.weight.size(1), dtype=torch.bfloat16)
     torch.testing.assert_close(cast(x), torch.nn.functional.linear(x, cast.weight))
+    assert isinstance(target.final_proj, quant.QuantizedLinear)
 
 
 @pytest.fixture(scope="module", params=PRECISIONS)
@@ -227,11 +252,30 @@ def quantized(request, tiny_target):
     return target, head
 
 
-def test_quantize_swaps_every_linear_layer(quantized) -> None:
+def test_quantize_replaces_every_linear_layer(quantized) -> None:
     target, _ = quantized
     layers = [m for m in target.modules() if isinstance(m, Projection)]
     assert len(layers) > 1  # the layers' projections (sharded ones, over one rank) too
-    assert all(quant.precision_of(m.weight) in quant.PRECISIONS for m in layers)
+    assert all(type(m) is quant.QuantizedLinear for m in layers)
+    assert all(m.precision in quant.PRECISIONS for m in layers)
+
+
+def test_a_quantized_model_is_made_of_modules_and_its_weights_carry_no_marks(tiny_target):
+    """No tensor carries an attribute, no module's class is swapped: the quantized
+    projections are `QuantizedLinear`s over the same parameters, under the same names."""
+    model = copy.deepcopy(tiny_target)
+    before = dict(model.named_parameters())
+    classes = {type(m) for m in model.modules()}
+    quant.quantize(model, "int8")
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys() and all(after[k] is p for k, p in before.items())
+    assert model.state_dict().keys() == tiny_target.state_dict().keys()
+    assert all(not vars(p) for p in model.parameters())
+    assert all(not vars(b) for b in model.buffers())
+    new = {type(m) for m in model.modules()} - classes
+    assert new == {quant.QuantizedLinear, attention.OrderedSDPA}
+    assert isinstance(model.final_proj, quant.QuantizedLinear)
+    assert model.final_proj.weight is model.decoder_frontend.embed.weight  # still tied
 
 
 @pytest.mark.parametrize("min_rows", [1, 10_000], ids=["onednn", "mkl"])

@@ -47,22 +47,24 @@ def test_casting_copies_the_shared_modules_and_keeps_the_target_fp32(tiny_target
     assert head.final_proj.weight is head.decoder_frontend.embed.weight
 
 
-def test_an_int8_head_marks_its_own_products_and_a_copy_of_the_projection(tiny_target) -> None:
+def test_an_int8_head_quantizes_its_own_products_and_a_copy_of_the_projection(tiny_target):
     target = copy.deepcopy(tiny_target)
     head = DraftHead(target, HeadArch(num_layers=1)).quantize("int8")
-    own = [m.weight for m in head.decoder.layers.modules() if isinstance(m, Projection)]
-    assert own and all(quant.precision_of(w) == "int8" for w in [*own, head.feature_proj.weight])
-    assert quant.precision_of(head.final_proj.weight) == "int8"
-    assert all(quant.precision_of(p) is None for p in target.parameters())
+    own = [m for m in head.decoder.layers.modules() if isinstance(m, Projection)]
+    assert own and all(quant.precision_of(m) == "int8" for m in [*own, head.feature_proj])
+    assert quant.precision_of(head.final_proj) == "int8"
+    assert not any(isinstance(m, quant.QuantizedLinear) for m in target.modules())
     assert head.final_proj.weight is head.decoder_frontend.embed.weight  # still tied
+    assert head.own_state_dict().keys() == DraftHead(target, HeadArch()).own_state_dict().keys()
     head.vocab = torch.tensor([7, 1, 5, 9, 2, 4])
-    _, weight, _ = head.draft_projection(4, (1,))
-    assert quant.precision_of(weight) == "int8"
+    ranked, proj = head.draft_projection(4, (1,))
+    assert quant.precision_of(proj) == "int8"
+    assert torch.equal(proj.weight, head.final_proj.weight[ranked])
     # Over a quantized target (`target_dtype=int8`): the same.
     quant.quantize(target, "int8")
     head = DraftHead(target, HeadArch(num_layers=1)).quantize("int8")
     assert head.final_proj is not target.final_proj
-    assert quant.precision_of(head.final_proj.weight) == "int8"
+    assert quant.precision_of(head.final_proj) == "int8"
 
 
 def test_bad_sizes_are_refused(tiny_target) -> None:
@@ -151,7 +153,7 @@ def test_the_vocabulary_ranking_survives_the_checkpoint_and_picks_projection_row
     pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "head.pt"))
     _, loaded = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
     assert loaded.vocab.tolist() == [7, 1, 5, 9, 2, 4]
-    ids, weight, _ = loaded.draft_projection(4, (1, 9))  # most frequent 4, but 1 and 9
+    ids, proj = loaded.draft_projection(4, (1, 9))  # most frequent 4, but 1 and 9
     assert ids.tolist() == [7, 5, 2, 4]
-    assert torch.equal(weight, loaded.final_proj.weight[[7, 5, 2, 4]])
-    assert loaded.draft_projection(4, (1, 9))[1] is weight  # packed once, not per call
+    assert torch.equal(proj.weight, loaded.final_proj.weight[[7, 5, 2, 4]])
+    assert loaded.draft_projection(4, (1, 9))[1] is proj  # packed once, not per call
