@@ -512,14 +512,18 @@ def probe(job: Job, chosen: list[str], tmp: Path, threads: int, sentences: int) 
 
 def best_variants(chosen: list[str], probed: dict) -> list[str]:
     """`chosen` with, of each CTranslate2 compute type, its default and the variants that
-    were fastest in the probe at some batching."""
+    were fastest in the probe at some batching; a variant its log says ran as the default
+    did is the default (timed once)."""
     keep = set()
     for ct2_type in CT2_TYPES:
         mine = [e for e in probed if e.split()[1] == ct2_type]
-        keep.update(e for e in mine if e.endswith(" default"))
+        default = next((e for e in mine if e.endswith(" default")), None)
+        keep.update([default] if default else [])
         for b in ("batch 1", "1,024 tokens"):
             if mine:
-                keep.add(min(mine, key=lambda e: probed[e][b]))
+                best = min(mine, key=lambda e: probed[e][b])
+                same = default and probed[best]["backend"] == probed[default]["backend"]
+                keep.add(default if same else best)
     return [e for e in chosen if not e.startswith(CT2) or e in keep]
 
 

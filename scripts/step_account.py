@@ -225,24 +225,24 @@ class Part:
 
 def products(target: TransformerModel, rows: int) -> Part:
     """Every linear of every decoder layer and the output projection over `rows` rows,
-    resolved as the native layers resolve them (MKL packs a weight for a row count after a
-    few uses: resolved until settled), run in sequence."""
+    resolved as the native layers resolve them (a quantized projection in its precision;
+    MKL packs a weight for a row count after a few uses: resolved until settled), run in
+    sequence."""
     for _ in range(onednn.PACK_AFTER + 1):
         found: list[onednn.Product] = []
+        precisions: list[str] = []
         for layer in target.decoder.layers:
             attn, cross, ffn = layer.self_attn, layer.encoder_decoder_attn, layer.ffn
             qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
-            group = onednn.resolve_group(
-                rows, torch.float32, [p.weight for p in qkv], [p.bias for p in qkv]
-            )
+            group = onednn.resolve_projections(rows, torch.float32, qkv)
             singles = (attn.output_proj, cross.q_proj, cross.output_proj, ffn.inner_proj,
                        ffn.output_proj)  # fmt: skip
-            found += [group] if group is not None else [
-                onednn.resolve(rows, torch.float32, p.weight, p.bias) for p in qkv
-            ]  # fmt: skip
-            found += [onednn.resolve(rows, torch.float32, p.weight, p.bias) for p in singles]
-        proj = target.final_proj
-        found.append(onednn.resolve(rows, torch.float32, proj.weight, proj.bias))
+            each = [*(() if group is not None else qkv), *singles]
+            found += [group] if group is not None else []
+            found += [onednn.resolve_projection(rows, torch.float32, p) for p in each]
+            precisions += [quant.precision_of(p) or "float32" for p in ([qkv[0]] if group is not None else []) + each]  # fmt: skip
+        found.append(onednn.resolve_projection(rows, torch.float32, target.final_proj))
+        precisions.append(quant.precision_of(target.final_proj) or "float32")
         if all(p.settled for p in found):
             break
     gen = torch.Generator().manual_seed(0)
@@ -255,7 +255,7 @@ def products(target: TransformerModel, rows: int) -> Part:
     weights = [p.weight for p in found]
     return Part(
         run,
-        bytes=sum(w.numel() * BYTES[quant.precision_of(w) or "float32"] for w in weights),
+        bytes=sum(w.numel() * BYTES[p] for w, p in zip(weights, precisions, strict=True)),
         flops=sum(2.0 * w.numel() * rows for w in weights),
     )
 

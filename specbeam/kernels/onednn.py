@@ -261,19 +261,36 @@ def _fp32(
     limits, oneDNN's packed GEMM)."""
     if _few_rows(rows, dtype):
         return _mkl_few_rows(rows, weight, bias)
-    own = _own_few_rows(rows, weight, bias, Runtime.current().kernels == "measured")
-    if Runtime.current().kernels == "measured" and dtype == torch.float32:
-        names = tuple(n for n in FP32_KINDS if _eligible(n, rows, weight, own))
-        if len(names) > 1:
-            kind = kernel_table.current().choose(rows, weight, names, _timed(weight, bias, names, rows))  # fmt: skip
-            if kind == "mkl_packed":
-                return _mkl_few_rows(rows, weight, bias)
-            if kind != "onednn":
-                return Product(FP32_KINDS[kind], weight, bias)
-    elif own:
-        return Product(FEW_ROWS, weight, bias)
+    measured = Runtime.current().kernels == "measured" and dtype == torch.float32
+    own = _own_few_rows(rows, weight, bias, measured)
+    kind = _measured(rows, weight, bias, own) if measured else "few_rows" if own else "onednn"
+    if kind == "mkl_packed":
+        return _mkl_few_rows(rows, weight, bias)
+    if kind != "onednn":
+        return Product(FP32_KINDS[kind], weight, bias)
     w = onednn_copy(weight)
     return Product(TORCH, weight, bias) if w is None else Product(ONEDNN, weight, bias, w)
+
+
+_chosen: dict[tuple, str] = {}
+"""(table, rows, out, in, few-row product eligible, threads) -> the table's choice: a
+decoder call asks for every product, and the candidates need not be listed again."""
+
+
+def _measured(rows: int, weight: Tensor, bias: Tensor | None, own: bool) -> str:
+    """The kernel the kernel table measured fastest for this product (oneDNN where it
+    is the only candidate)."""
+    table = kernel_table.current()
+    key = (table, rows, weight.size(0), weight.size(1), own, torch.get_num_threads())
+    kind = _chosen.get(key)
+    if kind is None:
+        names = tuple(n for n in FP32_KINDS if _eligible(n, rows, weight, own))
+        if len(names) > 1:
+            kind = table.choose(rows, weight, names, _timed(weight, bias, names, rows))
+        else:  # no choice: oneDNN where it runs, else torch's (`onednn_copy` says)
+            kind = names[0] if names else "onednn"
+        _chosen[key] = kind
+    return kind
 
 
 def _eligible(name: str, rows: int, weight: Tensor, own: bool) -> bool:
