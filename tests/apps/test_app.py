@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import specbeam.apps.calibrate  # noqa: F401  (registers calibrate_schema)
+import specbeam.apps.distill  # noqa: F401  (registers distill_schema)
 import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
 import specbeam.apps.train  # noqa: F401  (registers train_schema)
 import specbeam.apps.train_head  # noqa: F401  (registers train_head_schema)
@@ -249,6 +250,31 @@ def run_entry(
         cmd, cwd=SHIPPED, input="Hola\n", capture_output=True, text=True, timeout=300,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("app", "overrides", "run_dir"),
+    [
+        ("evaluate", ["output_dir=results"], "{cwd}/results"),
+        ("evaluate", ["output_dir=~/results"], "{home}/results"),
+        ("calibrate", ["hardware_dir=hw"], "."),
+        ("distill", ["out_dir=d"], "."),
+    ],
+)
+def test_apps_write_no_run_directory_beside_their_output(
+    app: str, overrides: list[str], run_dir: str, tmp_path: Path, monkeypatch
+) -> None:
+    """Not ./outputs/DATE/TIME/ in the working directory: evaluate's run directory (its
+    config, its log) is its output_dir; calibrate and distill, like translate, have none."""
+    monkeypatch.chdir(tmp_path)
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
+        cfg = compose(app, overrides=overrides, return_hydra_config=True)
+        hydra = cfg.hydra
+        assert hydra.run.dir == run_dir.format(cwd=tmp_path, home=Path.home())
+        assert (hydra.output_subdir is None) == (app != "evaluate")
+        assert "file" not in hydra.job_logging.handlers or app == "evaluate"
+        default = compose(app, return_hydra_config=True).hydra.run.dir
+        assert default.startswith("outputs/") if app == "evaluate" else default == "."
 
 
 def test_paths_are_relative_to_where_the_command_ran_with_job_chdir(tmp_path: Path) -> None:
