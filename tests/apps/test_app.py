@@ -24,13 +24,16 @@ import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
 import specbeam.apps.train  # noqa: F401  (registers train_schema)
 import specbeam.apps.train_head  # noqa: F401  (registers train_head_schema)
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
+from specbeam.apps import app
 from specbeam.apps.app import (
+    PipelineConfig,
     check_group_choices,
     check_launcher,
     check_override_syntax,
     command_line_settings,
     run_app,
     shadowed_user_configs,
+    unused_warning,
     value_problem,
 )
 from specbeam.apps.decoding import DecodingConfig, load_decoding
@@ -210,6 +213,22 @@ def test_command_line_settings_win_over_calibrated_ones() -> None:
     kept = hw.tune(decoding, keep={"gamma"})
     assert (kept.gamma, kept.draft_width) == (3, 9)
     assert command_line_settings("decoding") == set()  # outside a Hydra app
+
+
+def test_a_setting_the_decoding_never_reads_is_a_warning(monkeypatch, capsys) -> None:
+    """`decoding=beam decoding.gamma=3`: the setting is named, not passed silently."""
+    monkeypatch.setattr(app, "command_line_settings", lambda group: {"gamma", "beam_size"})
+    PipelineConfig(decoding=load_decoding("beam")).settle()
+    assert capsys.readouterr().err == (
+        "warning: decoding.gamma=4 has no effect: decoding=beam does not speculate\n"
+    )
+    PipelineConfig(decoding=load_decoding("spec_beam")).settle()
+    assert capsys.readouterr().err == ""
+    beam = load_decoding("beam")
+    assert unused_warning(beam, {"top_p", "relax_top"}) == (
+        "decoding.relax_top=0, decoding.top_p=0.9 have no effect: decoding=beam does not "
+        "speculate or sample"
+    )
 
 
 def test_method_strings_are_tuned_but_for_the_settings_they_name() -> None:
