@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,8 @@ from specbeam.paths import user_path
 from specbeam.search.checks import check_same_vocabulary
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
 from specbeam.search.stored import stored_settings
+
+log = logging.getLogger("specbeam.models")
 
 Draft = TransformerModel | DraftHead
 """A draft model: a decoder of its own, or a head over the target's states."""
@@ -414,7 +417,23 @@ def load_pair(
         draft: Draft = _random_model("model.draft", cfg.random_draft_arch, vocab_size, seed=1)
     else:
         draft = load_draft(cfg.draft, target, store, target_spec=cfg.target)
+        if is_target_itself(draft, target):
+            log.warning(
+                "model.draft=%s is model.target=%s itself: each draft call costs a target "
+                "call, so speculation runs slower than plain search; name a smaller draft, "
+                "or use a non-speculative decoding (beam, greedy)",
+                cfg.draft, cfg.target,
+            )  # fmt: skip
     return target, cast_draft(draft, target, draft_dtype)
+
+
+def is_target_itself(draft: Draft, target: TransformerModel) -> bool:
+    """Whether a draft is the target's weights (named by another card or path): a decoder
+    of the same shapes whose first and last weights equal the target's."""
+    ours, theirs = list(draft.decoder.parameters()), list(target.decoder.parameters())
+    if [p.shape for p in ours] != [p.shape for p in theirs]:
+        return False
+    return all(torch.equal(ours[i], theirs[i]) for i in (0, -1))
 
 
 def _random_model(setting: str, arch: ModelArch | None, vocab_size: int, seed: int) -> Any:

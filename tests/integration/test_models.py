@@ -16,6 +16,7 @@ from specbeam.integration.models import (
     cast_draft,
     check_same_pieces,
     check_same_vocabulary,
+    is_target_itself,
     load_model,
     load_pair,
     load_target,
@@ -91,6 +92,25 @@ def test_a_pair_loads_a_shallow_draft_over_its_target(tmp_path, tiny_target) -> 
     pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "draft.pt"))
     loaded, draft = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
     assert draft is not None and draft.encoder is loaded.encoder
+
+
+def test_a_draft_that_is_the_target_itself_is_a_warning(tmp_path, tiny_target, caplog) -> None:
+    """Named by another path (a link): it runs (the output is the same), but every draft call costs
+    a target call; a real draft passes without a word."""
+    target = copy.deepcopy(tiny_target)
+    save_model(target, TARGET_ARCH, tmp_path / "target.pt", torch.float32)
+    (tmp_path / "same.pt").symlink_to(tmp_path / "target.pt")
+    itself = str(tmp_path / "same.pt")
+    pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=itself)
+    with caplog.at_level("WARNING", logger="specbeam.models"):
+        load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"model.draft={itself} is model.target={tmp_path}/target.pt itself: each draft call "
+        "costs a target call, so speculation runs slower than plain search; name a smaller "
+        "draft, or use a non-speculative decoding (beam, greedy)"
+    ]
+    assert not is_target_itself(build_shallow_draft(target, DRAFT_ARCH), target)
+    assert not is_target_itself(DraftHead(target, HeadArch()), target)
 
 
 def test_mismatched_vocabulary_is_refused(tiny_target) -> None:
