@@ -243,11 +243,29 @@ def read_checkpoint(path: Path, hint: str) -> dict:
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # torch raises many kinds for a file that is not its own
-        raise ValueError(f"{path} is not a checkpoint torch can read safely") from None
+    except Exception as error:  # torch raises many kinds for a file that is not its own
+        raise ValueError(unreadable_checkpoint(path, error)) from None
     if not isinstance(ckpt, dict) or "arch" not in ckpt:
         raise ValueError(f"{path} is not a specbeam checkpoint (no `arch`): {hint}")
     return ckpt
+
+
+def unreadable_checkpoint(path: Path, error: Exception) -> str:
+    """Why torch could not read `path`: a zip archive it cannot open is a checkpoint cut
+    short (a copy or a save interrupted); objects that need unpickling code are refused as
+    they would run code; anything else is no checkpoint."""
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"  # torch.save's format since torch 1.6
+    if "Weights only load failed" in str(error):
+        return (
+            f"{path} holds Python objects beside its tensors, which specbeam does not load "
+            "(unpickling them would run their code)"
+        )
+    if zipped:
+        return (
+            f"{path} is truncated or corrupt: torch cannot read its archive; copy or save it again"
+        )
+    return f"{path} is not a checkpoint: not a file torch.save wrote"
 
 
 OTHER_CHECKPOINTS = (

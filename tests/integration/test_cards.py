@@ -90,7 +90,7 @@ def test_cli_names_a_missing_or_unreadable_checkpoint_in_one_line(tmp_path: Path
     not_a_checkpoint.write_text("hello\n")
     for checkpoint, problem in [
         (tmp_path / "missing.pt", f"{tmp_path}/missing.pt: no such checkpoint file"),
-        (not_a_checkpoint, f"{not_a_checkpoint} is not a checkpoint torch can read safely"),
+        (not_a_checkpoint, f"{not_a_checkpoint} is not a checkpoint: not a file torch.save wrote"),
     ]:
         cmd = [sys.executable, "-m", "specbeam.cards", str(out), f"x={checkpoint}"]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -61,8 +61,25 @@ def test_a_file_that_is_no_checkpoint_is_one_line_naming_the_setting(tmp_path) -
     with pytest.raises(ValueError) as error:
         load_target(str(path))
     assert str(error.value) == (
-        f"model.target={path}: {path} is not a checkpoint torch can read safely"
+        f"model.target={path}: {path} is not a checkpoint: not a file torch.save wrote"
     )
+
+
+def test_a_truncated_checkpoint_is_named_truncated(tmp_path) -> None:
+    """A copy cut short, not a matter of reading safely; and a file of pickled objects is
+    named as what specbeam will not unpickle."""
+    path = tmp_path / "target.pt"
+    save_model(build_model(TARGET_ARCH), TARGET_ARCH, path, torch.float32)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError) as error:
+        load_target(str(path))
+    assert str(error.value) == (
+        f"model.target={path}: {path} is truncated or corrupt: torch cannot read its archive; "
+        "copy or save it again"
+    )
+    torch.save({"arch": object()}, path)
+    with pytest.raises(ValueError, match=r"target.pt holds Python objects beside its tensors"):
+        load_target(str(path))
 
 
 def test_shallow_draft_shares_the_target_encoder(tiny_target) -> None:
