@@ -210,7 +210,7 @@ def test_other_processes_cpu_time_is_measured() -> None:
     )
     child.wait()
     cpus = load.cpus()
-    assert cpus is not None and 0.3 < cpus <= (os.cpu_count() or 1)
+    assert cpus is not None and 0.3 < cpus < (os.cpu_count() or 1) + 0.5  # ticks are coarse
     assert "other processes kept" in load.cause() or cpus < 0.1
 
 
