@@ -190,10 +190,10 @@ class ResumableOutput:
                 f"{self.partial} is being written by another running job; wait for it to "
                 "finish or choose another output path"
             ) from None
+        # A run that failed before its first line left nothing to resume: another job may
+        # take its partial file (the corrected command).
         if resumed and not self.partial.stat().st_size and not self.ahead_path.exists():
-            resumed = self.resumed = (
-                False  # a run that failed before its first line: nothing to resume
-            )
+            resumed = self.resumed = False
         if resumed:
             try:
                 self._check_same_job(job)
