@@ -34,7 +34,7 @@ from specbeam.integration.hub import (
     own_draft_path,
     retrieve_card,
 )
-from specbeam.paths import user_path
+from specbeam.paths import SHIPPED, user_path
 from specbeam.search.checks import check_same_vocabulary
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
 from specbeam.search.stored import stored_settings
@@ -462,12 +462,17 @@ def _random_model(setting: str, arch: ModelArch | None, vocab_size: int, seed: i
 
 
 def _checkpoint(setting: str, spec: str) -> Path:
+    """A checkpoint path that exists; a missing one of the embedded task's says how to build
+    it, a user's own is named alone."""
     path = user_path(spec)
     if not path.exists():
+        embedded = path.resolve().is_relative_to((SHIPPED / "tasks").resolve())
+        hint = (
+            " (tasks/bible_es_en/README.md says how to build the embedded pair; "
+            "model=tiny_random runs the pipeline with untrained models)"
+        )
         raise FileNotFoundError(
-            f"{setting}={spec}: checkpoint not found: {path} (tasks/bible_es_en/README.md "
-            "says how to build the embedded pair; model=tiny_random runs the pipeline with "
-            "untrained models)"
+            f"{setting}={spec}: checkpoint not found: {path}{hint if embedded else ''}"
         )
     return path
 

@@ -65,6 +65,17 @@ def test_a_file_that_is_no_checkpoint_is_one_line_naming_the_setting(tmp_path) -
     )
 
 
+def test_a_missing_checkpoint_hints_at_the_embedded_pair_only_for_its_files(tmp_path) -> None:
+    """A user's own path is named alone: how to build the embedded pair is no help there."""
+    mine = tmp_path / "best.pt"
+    with pytest.raises(FileNotFoundError) as error:
+        load_target(str(mine))
+    assert str(error.value) == f"model.target={mine}: checkpoint not found: {mine}"
+    embedded = SHIPPED / "tasks" / "bible_es_en" / "models" / "nowhere.pt"
+    with pytest.raises(FileNotFoundError, match=r"README.md says how to build the embedded pair"):
+        load_target(str(embedded))
+
+
 def test_a_truncated_checkpoint_is_named_truncated(tmp_path) -> None:
     """A copy cut short, not a matter of reading safely; and a file of pickled objects is
     named as what specbeam will not unpickle."""
