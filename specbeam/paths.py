@@ -59,3 +59,10 @@ def config_file(group: str, name: str) -> Path:
 
 # Registered on import, so every config specbeam composes or loads can use it.
 OmegaConf.register_new_resolver("specbeam", lambda relative: str(shipped(relative)), replace=True)
+# `${specbeam.user_dir:${output_dir},DEFAULT}`: an app's Hydra run directory inside the
+# directory the user gave (Hydra expands no `~`), else DEFAULT.
+OmegaConf.register_new_resolver(
+    "specbeam.user_dir",
+    lambda path, default: str(user_path(path)) if path else default,
+    replace=True,
+)

@@ -8,7 +8,7 @@ import difflib
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, final
@@ -29,7 +29,7 @@ from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 from typing_extensions import override
 
 from specbeam import startup
-from specbeam.apps.decoding import DecodingConfig, build_generator
+from specbeam.apps.decoding import SAMPLING, DecodingConfig, build_generator
 from specbeam.apps.hardware import HardwareConfig
 from specbeam.apps.help import app_help, group_settings
 from specbeam.data.task import TaskConfig
@@ -58,7 +58,10 @@ class PipelineConfig:
         settled: SpeculativeSearchConfig | None = getattr(self, "search_config", None)
         if settled is not None:
             return settled
-        tuned = self.hardware.tune(self.decoding, command_line_settings("decoding"))
+        given = command_line_settings("decoding")
+        if warning := unused_warning(self.decoding, given):
+            print(f"warning: {warning}", file=sys.stderr)
+        tuned = self.hardware.tune(self.decoding, given)
         if tuned != self.decoding:
             self.decoding.search_config(self.hardware)
         self.search_config = tuned.search_config(self.hardware)
@@ -84,6 +87,22 @@ class PipelineConfig:
         generator = build_generator(config, pair.target, pair.draft, vocab)
         startup.done()
         return pair.tokenizer, generator
+
+
+def unused_warning(decoding: DecodingConfig, given: Collection[str]) -> str | None:
+    """A line naming the decoding settings given on the command line that `decoding` never
+    reads (`decoding=beam decoding.gamma=3`), which would otherwise pass silently."""
+    unused = decoding.unused(given)
+    if not unused:
+        return None
+    named = ", ".join(f"decoding.{name}={getattr(decoding, name)}" for name in unused)
+    kinds = [
+        kind
+        for kind, sampling in (("speculate", False), ("sample", True))
+        if any((name in SAMPLING) == sampling for name in unused)
+    ]
+    verb = "has" if len(unused) == 1 else "have"
+    return f"{named} {verb} no effect: decoding={decoding.name} does not {' or '.join(kinds)}"
 
 
 def command_line_settings(group: str) -> set[str]:

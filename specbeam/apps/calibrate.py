@@ -22,7 +22,7 @@ the τ each needs to break even, against the best cell's.
 from __future__ import annotations
 
 import dataclasses
-import logging
+import os
 import resource
 import socket
 import statistics
@@ -62,8 +62,6 @@ from specbeam.search.draft import DraftShape
 from specbeam.search.planner import PassShape, PlanCosts, beside_calls_ms
 from specbeam.search.slots import SlotTable
 from specbeam.search.tree_attention import TreeDecoder
-
-log = logging.getLogger("specbeam.calibrate")
 
 
 @final
@@ -202,6 +200,7 @@ class Calibration:
     costs: PlanCosts
     calls: dict[str, dict[int, float]]  # model -> query tokens -> median ms per call
     fairseq2_step_ms: float  # fairseq2's beam search per decoder call: the users' baseline
+    raised: str | None = None  # why work beside the calls was written as 0, if it was
 
     @classmethod
     def of(
@@ -221,6 +220,95 @@ class Calibration:
             [(run.total_seconds, run.stats) for run in speculative],
         )  # fmt: skip
         return cls(costs, calls, step_ms(fairseq2))
+
+
+@final
+class OtherLoad:
+    """The CPU time other processes take from its making to `cause` (Linux's /proc/stat
+    less this process's own): on a shared machine they slow the timed calls and the
+    searches unevenly, which makes the work beside the calls come out negative."""
+
+    def __init__(self) -> None:
+        self.start = (time.monotonic(), _busy_cpu_seconds(), _own_cpu_seconds())
+
+    def cpus(self) -> float | None:
+        """The CPUs other processes kept busy on average since; None where unknown."""
+        wall, busy, own = self.start
+        now = _busy_cpu_seconds()
+        elapsed = time.monotonic() - wall
+        if busy is None or now is None or elapsed <= 0:
+            return None
+        return max(now - busy - (_own_cpu_seconds() - own), 0.0) / elapsed
+
+    def cause(self) -> str:
+        cpus = self.cpus()
+        if cpus is None or cpus < 0.1:
+            return "another process or clock scaling changed the machine's speed between them"
+        return (
+            f"other processes kept {cpus:.1f} of this machine's {os.cpu_count()} CPUs busy "
+            "on average while it measured"
+        )
+
+
+def _busy_cpu_seconds() -> float | None:
+    """Seconds every CPU spent on work since boot (/proc/stat: all but idle and iowait)."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+UNTRUSTED_SHARE = 0.25
+"""Negative work beside the calls down to this share of a plain step's target call is
+written as 0: a timed call costs a little more than the same call inside a search (a large
+target's, docs/dense_600m.md). Beyond it the calls and the searches ran at different speeds."""
+
+
+def trusted(cal: Calibration, beam_size: int, path: Path, cause: str) -> Calibration:
+    """`cal` with work beside the calls raised to 0 where it came out slightly negative
+    (`raised` says so); a ValueError naming `path`, which is then not written, and `cause`
+    where a cost cannot be trusted: a call that costs nothing, or work beside the calls
+    more negative than `UNTRUSTED_SHARE` of a call."""
+    c = cal.costs
+    free = [m for m, cost in (("target", c.target), ("draft", c.draft))
+            if min(cost.ms(t) for t in cal.calls[m]) <= 0]  # fmt: skip
+    floor = -UNTRUSTED_SHARE * c.target.ms(beam_size)
+    beside = {"per speculative pass": c.accept_ms, "per plain step": c.plain_step_ms}
+    negative = {what: ms for what, ms in beside.items() if ms < 0}
+    if free or any(ms < floor for ms in negative.values()):
+        found = (
+            f"a {free[0]} call fitted to cost nothing"
+            if free
+            else "the work beside the calls came out negative ("
+            + ", ".join(f"{ms:.2f} ms {what}" for what, ms in negative.items())
+            + f", against a {c.target.ms(beam_size):.2f} ms target call)"
+        )
+        raise ValueError(
+            f"calibration cannot be trusted, so {path} was not written: {found}, as the timed "
+            f"calls and the searches ran at different speeds: {cause}; run it again on an "
+            "idle machine"
+        )
+    if not negative:
+        return cal
+    raised = dataclasses.replace(
+        c, accept_ms=max(c.accept_ms, 0.0), plain_step_ms=max(c.plain_step_ms, 0.0)
+    )
+    note = (
+        "work beside the calls written as 0 where it came out negative ("
+        + ", ".join(f"{ms:.2f} ms {what}" for what, ms in negative.items())
+        + "): a timed call costs a little more than the same call inside a search"
+    )
+    return dataclasses.replace(cal, costs=raised, raised=note)
 
 
 @dataclass(kw_only=True)
@@ -287,6 +375,7 @@ def run_grid(
     interleaved; the call costs are measured first on a typical sentence."""
     encode = tokenizer.create_encoder(lang=cfg.task.src_lang, mode="source")
     typical = sorted(sources, key=len)[len(sources) // 2]
+    load = OtherLoad()
     with Runtime(cfg.hardware.runtime_config()).active():
         points = measure_call_costs(
             target, draft, encode(typical), hyps=decoding.beam_size, prefix_len=cfg.prefix_len,
@@ -321,7 +410,10 @@ def run_grid(
         [baseline, lean, *runs], tokenizer, sources, cfg.task.src_lang,
         cfg.task.tgt_lang, batch_size=1, desc="τ grid",
     )  # fmt: skip
-    cal = Calibration.of(points, k, baseline, lean, runs)
+    cal = trusted(
+        Calibration.of(points, k, baseline, lean, runs), k, hardware_dir(cfg) / f"{cfg.name}.yaml",
+        load.cause(),
+    )  # fmt: skip
     c = cal.costs
     rows = []
     for (gamma, width), run in zip(settings, runs, strict=True):
@@ -435,21 +527,6 @@ def write_hardware(
              "draft_width": best.draft_width, "plan_tau": round(best.shape.tau, 2)}  # fmt: skip
     if bounds is not None:
         tuned["gamma_bounds"] = bounds
-    negative = plan.accept_ms < 0 or plan.plain_step_ms < 0
-    if negative:
-        # The searches ran faster than their timed calls add up to: the machine's speed
-        # changed between the two (a shared host), or the timed calls cost more than the
-        # same calls inside a search (a large target streaming its weights). The calls'
-        # costs still hold; work beside them cannot be negative.
-        plan = dataclasses.replace(
-            plan, accept_ms=max(plan.accept_ms, 0.0), plain_step_ms=max(plan.plain_step_ms, 0.0)
-        )
-        note = (
-            f"work beside the calls written as 0 where it came out negative ({cal.costs.accept_ms:.2f} "
-            f"ms per pass, {cal.costs.plain_step_ms:.2f} ms per plain step): the searches took less "
-            "than their timed calls (on a shared machine, run it again)"
-        )
-        log.warning(note)
     costs = plan.to_stored()
     # What this run measured, beside what earlier calibrations of a config of the user's
     # measured (`hardware=my_pair method=relaxed name=my_pair` adds relaxed to spec_beam's);
@@ -476,7 +553,7 @@ def write_hardware(
         f"# tuned: {decoding}"
         + (f" (and, from hardware={cfg.hardware.name}, {', '.join(others)})" if others else "")
         + "; other decodings run with their decoding files' settings here.",
-        *([f"# {note}."] if negative else []),
+        *([f"# {cal.raised}."] if cal.raised else []),
     ]
     path = hardware_dir(cfg) / f"{cfg.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -532,8 +609,9 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     with torch.inference_mode():
         cal, rows = run_grid(cfg, decoding, target, draft, tokenizer, sources)
     best = max(rows, key=lambda r: r.measured)
-    if (unaccepted := never_accepted(rows)) is not None:
-        print(f"warning: {unaccepted}", file=sys.stderr)
+    for warning in (cal.raised, never_accepted(rows, best)):
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr)
     bounds = at_gamma(decoding, best.gamma, best.draft_width).gamma_bounds
     path = write_hardware(cfg, cfg.method, decoding.beam_size, best, cal, bounds)
     print(describe(cal, cfg.hardware, decoding.beam_size))
@@ -558,17 +636,24 @@ def calibrate(cfg: CalibrateConfig) -> Path:
     return path
 
 
-def never_accepted(rows: list[GridRow]) -> str | None:
+def never_accepted(rows: list[GridRow], best: GridRow) -> str | None:
     """A line where the target (almost) never took a drafted token, at any γ and width:
-    the draft does not fit this target or is barely trained, and the planner will decode
-    plainly; the grid's numbers say so only to a reader who knows τ."""
+    the draft does not fit this target or is barely trained; the grid's numbers say so only
+    to a reader who knows τ. It ends with what the planner does at batch 1 with the costs
+    written and the `best` cell (tuned): a pass of one step can still cost less than a
+    plain step."""
     tau = max(r.shape.tau for r in rows)
     if tau >= 1.05:
         return None
+    planned = (
+        "the planner will still speculate at batch 1, as a pass costs less than a plain step here"
+        if best.predicted > 1
+        else "the planner will run plain search"
+    )
     return (
         f"the target took almost none of the draft's tokens (τ ≤ {tau:.2f} at every γ and "
-        "width): the draft is untrained or made for another target, and the planner will "
-        "run plain search"
+        f"width): the draft is untrained or made for another target; {planned} (predicted "
+        f"{best.predicted:.2f}× plain search at γ {best.gamma}, width {best.draft_width})"
     )
 
 

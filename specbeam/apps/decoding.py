@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from specbeam.search.config import (
     MachineSettings,
     SearchSettings,
     SettingError,
+    SpeculationSettings,
     SpeculativeSearchConfig,
 )
 from specbeam.search.generator import SpeculativeBeamSearchSeq2SeqGenerator
@@ -87,10 +89,25 @@ class DecodingConfig(SearchSettings):
         """Raises a ValueError naming the first setting out of range (`search_config`)."""
         self.search_config()
 
+    def unused(self, settings: Collection[str]) -> list[str]:
+        """Those of `settings` this decoding never reads: without speculation, the draft
+        tree's, acceptance's and planning's (a plain beam search still reads which plain
+        search runs, `plain`, and `lean_target`); without sampling, the samplers'."""
+        idle = set() if self.search == "sample" else set(SAMPLING)
+        if not self.speculative:
+            idle |= {f.name for f in dataclasses.fields(SpeculationSettings)}
+            if self.search == "beam":
+                idle -= {"plain", "lean_target"}
+        return sorted(set(settings) & idle)
+
     def method_settings(self) -> tuple[str, set[str]]:
         """The decoding file `name` is made from, and the settings its method string sets."""
         base, dotlist = parse_method(self.name)
         return base, {item.split("=", 1)[0] for item in dotlist}
+
+
+SAMPLING = ("sampler", "top_p", "top_k", "seed")
+"""The settings only sampling reads."""
 
 
 def reaching(bounds: Sequence[int] | None, gamma: int) -> list[int] | None:

@@ -43,6 +43,9 @@ log = logging.getLogger("specbeam.distill")
 class DistillConfig(PipelineConfig):
     split: str = "train"
     """The task's split whose sources the target translates."""
+    limit: int = 0
+    """Distill the first n pairs of the split (a trial of the chain); 0 = all. Chunks of
+    another limit are another distillation (`out_dir/chunks/origin.json`)."""
     out_dir: str = "~/.cache/specbeam/distill"
     """Where the chunks (`chunks/`) and then the merged `<split>.tsv` are written; a rerun
     with the same settings resumes there."""
@@ -67,8 +70,10 @@ def distill(cfg: DistillConfig) -> None:
     out = Path(cfg.out_dir).expanduser()
     if cfg.chunk_size < 1:
         raise ValueError(f"chunk_size={cfg.chunk_size} is invalid: must be ≥ 1")
+    if cfg.limit < 0:
+        raise ValueError(f"limit={cfg.limit} is invalid: must be ≥ 0 (0: all)")
     parse_shard(cfg.shard)  # before anything is written
-    pairs = cfg.task.split(cfg.split)
+    pairs = cfg.task.split(cfg.split)[: cfg.limit or None]
     if not pairs:
         raise ValueError(f"split '{cfg.split}' in task.data_dir={cfg.task.data_dir} holds no pairs")
     chunks = [pairs[i : i + cfg.chunk_size] for i in range(0, len(pairs), cfg.chunk_size)]

@@ -7,7 +7,8 @@
 Each method's exact match and speedup are against the first plain (non-speculative)
 method of the same beam size, run in the same process on the same batches; `plain` is the
 share of sentences a speculative method's planner decoded by plain search, and τ, accept
-and passes/sent count the others' passes. Writes a Markdown
+and passes/sent count the others' passes
+(– where it made none: it ran plain on every sentence). Writes a Markdown
 table (`results.md`, also printed), `results.json`, `results.csv` and PNG plots to the output
 directory (Hydra's run directory unless `output_dir` is set).
 """
@@ -105,6 +106,9 @@ def summarise(
     rows = []
     for i, run in enumerate(runs):
         reference = runs[baseline_index(decodings, i)]
+        # A speculative method whose planner ran every sentence plain made no passes: it is
+        # 100% plain, and has no τ (a plain method's is 1).
+        planned = decodings[i].speculative
         speculative = run.stats.target_passes > 0
         bleu, chrf = BLEU(), CHRF()
         bleu_score, chrf_score = (
@@ -123,8 +127,8 @@ def summarise(
             "exact_match": sum(a == b for a, b in zip(run.tokens, reference.tokens, strict=True)) / n,
             "seconds": run.total_seconds,
             "speedup": reference.total_seconds / run.total_seconds,
-            "plain_share": run.stats.plain_sources / n if speculative else None,
-            "tau": run.stats.tau if speculative else 1.0,
+            "plain_share": run.stats.plain_sources / n if planned else None,
+            "tau": run.stats.tau if speculative else None if planned else 1.0,
             "acceptance_rate": run.stats.acceptance_rate if speculative else None,
             "target_passes_per_sentence": run.stats.source_passes / n if speculative else None,
             "verified_slots_per_pass": run.stats.verified_slots / max(run.stats.target_passes, 1),
@@ -144,6 +148,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         acc = "–" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
         plain = "–" if r["plain_share"] is None else f"{r['plain_share']:.0%}"
+        tau = "–" if r["tau"] is None else f"{r['tau']:.2f}"
         passes = (
             "–"
             if r["target_passes_per_sentence"] is None
@@ -151,7 +156,7 @@ def markdown(rows: list[dict]) -> str:
         )
         lines.append(
             f"| {r['method']} | {r['baseline']} | {r['batch_size']} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['exact_match']:.3f} | "
-            f"{r['speedup']:.2f}× | {plain} | {r['tau']:.2f} | {acc} | {passes} | {r['latency_p50_ms']:.0f} | "
+            f"{r['speedup']:.2f}× | {plain} | {tau} | {acc} | {passes} | {r['latency_p50_ms']:.0f} | "
             f"{r['latency_p90_ms']:.0f} | {r['sentences_per_second']:.2f} | {r['peak_kv_cache_mb']:.1f} |"
         )
     return "\n".join(lines)
@@ -165,7 +170,11 @@ def plot(rows: list[dict], out: Path) -> None:
     labels = [f"{r['method']}\nvs {r['baseline']}" for r in first]
     ax1.bar(labels, [r["speedup"] for r in first])
     ax1.set_ylabel(f"speedup over its baseline (batch {rows[0]['batch_size']})")
-    ax2.bar([r["method"] for r in first], [r["tau"] for r in first], color="tab:orange")
+    # A method that ran plain on every sentence has no τ: no bar, and says so.
+    taus = ax2.bar(
+        [r["method"] for r in first], [r["tau"] or 0.0 for r in first], color="tab:orange"
+    )
+    ax2.bar_label(taus, ["all plain" if r["tau"] is None else "" for r in first])
     ax2.set_ylabel("τ (beam steps per target pass)")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=30)

@@ -107,6 +107,8 @@ class HardwareConfig(MachineSettings):
         (the draft's was chosen at loading)."""
         pair.target.to(device=self.device)
         precision = self.target_precision
+        if self.target_dtype == "auto":
+            log.info("hardware.target_dtype=auto: the target runs %s, as %s", *auto_choice())
         if precision != self.target_dtype and self.target_dtype != "auto":
             needs = (
                 "native bf16"
@@ -194,8 +196,15 @@ def auto_precision() -> str:
     else int8 where int8 products run fast (`onednn.int8_native`), else float32
     (docs/bench.md, "Figures behind design choices", has the measurements behind this
     rule)."""
+    return auto_choice()[0]
+
+
+def auto_choice() -> tuple[str, str]:
+    """`auto_precision` and why, as a notice says it: auto names no precision itself."""
     if quant.fbgemm_sums() is not None:
-        return "int8"
+        return "int8", "this CPU sums int8 products on fbgemm (AVX2, the native extension built)"
     if onednn.bf16_native():
-        return "bfloat16"
-    return "int8" if onednn.int8_native() else "float32"
+        return "bfloat16", "this CPU computes bf16 natively"
+    if onednn.int8_native():
+        return "int8", "this CPU has int8 dot products (VNNI or AMX)"
+    return "float32", "this CPU has neither native bf16 nor fast int8 products"

@@ -190,6 +190,10 @@ class ResumableOutput:
                 f"{self.partial} is being written by another running job; wait for it to "
                 "finish or choose another output path"
             ) from None
+        # A run that failed before its first line left nothing to resume: another job may
+        # take its partial file (the corrected command).
+        if resumed and not self.partial.stat().st_size and not self.ahead_path.exists():
+            resumed = self.resumed = False
         if resumed:
             try:
                 self._check_same_job(job)
@@ -283,12 +287,14 @@ class ResumableOutput:
         self.input_log.unlink(missing_ok=True)
 
     def abandon(self) -> None:
-        """Closes a file refused before anything was written: a partial file this run
-        created, and its companions, go, so that nothing stays behind to resume."""
+        """Closes a file refused or failed before anything was written: a partial file this
+        run created (or an empty one it found), and its companions, go, so that nothing
+        stays behind to resume."""
         self.close()
         if self.partial is not None and not self.resumed:
             self.partial.unlink(missing_ok=True)
             self.sidecar.unlink(missing_ok=True)
+            self.input_log.unlink(missing_ok=True)
             self._drop_ahead()
 
     def _drop_ahead(self) -> None:

@@ -264,6 +264,8 @@ def translate(cfg: TranslateConfig) -> None:
             split_records += [r for r in writer.flush() if "pieces" in r]
             if cfg.compare:
                 translated += chunk[written:]
+    except UnreadableInput as error:  # standard input's: the lines before it are written
+        unreadable = error
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`startup.Terminated`)
         writer.flush()
         out.keep_ahead(writer.ready, writer.pieces)
@@ -279,7 +281,11 @@ def translate(cfg: TranslateConfig) -> None:
         if input_log is not None:
             input_log.close()
     if unreadable is not None:  # the lines before it are written
-        if out.partial is None:
+        if not out.done and not out.ahead:  # a partial file would block the corrected command
+            out.abandon()
+            if stats is not None:
+                stats.abandon()
+        if out.partial is None or not out.done:
             raise unreadable
         raise ValueError(
             f"{unreadable}; {out.partial} holds the {counted(out.done, 'line')} before it, and "

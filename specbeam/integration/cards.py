@@ -164,11 +164,28 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
+        if args.tokenizer_of:
+            check_card_known(args.tokenizer_of, args.out.parent)
         cards = [card_of(item, args) for item in args.models]
         add_cards(args.out, cards, args.replace)
     except (ValueError, FileNotFoundError) as error:
         sys.exit(f"error: {error}")
     print(f"wrote {counted(len(cards), 'card')} to {args.out}")
+
+
+def check_card_known(name: str, card_dir: Path) -> None:
+    """`--tokenizer-of NAME` must name a card the apps will find beside the ones written
+    (`model.asset_dirs=[card_dir]`) or in fairseq2's store; else the cards would be
+    written and fail only when used."""
+    try:
+        store = asset_store([str(card_dir)] if card_dir.is_dir() else [])
+    except (ValueError, FileNotFoundError):  # another file there is no card file
+        store = asset_store()
+    if store.maybe_retrieve_card(name) is None:
+        raise ValueError(
+            f"--tokenizer-of {name}: no asset card of that name ({card_dir}, fairseq2's cards, "
+            "FAIRSEQ2_USER_ASSET_DIR, tasks/*/cards); nothing written"
+        )
 
 
 def card_of(item: str, args: argparse.Namespace) -> dict[str, object]:

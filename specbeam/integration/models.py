@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -33,10 +34,12 @@ from specbeam.integration.hub import (
     own_draft_path,
     retrieve_card,
 )
-from specbeam.paths import user_path
+from specbeam.paths import SHIPPED, user_path
 from specbeam.search.checks import check_same_vocabulary
 from specbeam.search.head import HEAD_KIND, DraftHead, load_head
 from specbeam.search.stored import stored_settings
+
+log = logging.getLogger("specbeam.models")
 
 Draft = TransformerModel | DraftHead
 """A draft model: a decoder of its own, or a head over the target's states."""
@@ -240,11 +243,29 @@ def read_checkpoint(path: Path, hint: str) -> dict:
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # torch raises many kinds for a file that is not its own
-        raise ValueError(f"{path} is not a checkpoint torch can read safely") from None
+    except Exception as error:  # torch raises many kinds for a file that is not its own
+        raise ValueError(unreadable_checkpoint(path, error)) from None
     if not isinstance(ckpt, dict) or "arch" not in ckpt:
         raise ValueError(f"{path} is not a specbeam checkpoint (no `arch`): {hint}")
     return ckpt
+
+
+def unreadable_checkpoint(path: Path, error: Exception) -> str:
+    """Why torch could not read `path`: a zip archive it cannot open is a checkpoint cut
+    short (a copy or a save interrupted); objects that need unpickling code are refused as
+    they would run code; anything else is no checkpoint."""
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"  # torch.save's format since torch 1.6
+    if "Weights only load failed" in str(error):
+        return (
+            f"{path} holds Python objects beside its tensors, which specbeam does not load "
+            "(unpickling them would run their code)"
+        )
+    if zipped:
+        return (
+            f"{path} is truncated or corrupt: torch cannot read its archive; copy or save it again"
+        )
+    return f"{path} is not a checkpoint: not a file torch.save wrote"
 
 
 OTHER_CHECKPOINTS = (
@@ -414,7 +435,23 @@ def load_pair(
         draft: Draft = _random_model("model.draft", cfg.random_draft_arch, vocab_size, seed=1)
     else:
         draft = load_draft(cfg.draft, target, store, target_spec=cfg.target)
+        if is_target_itself(draft, target):
+            log.warning(
+                "model.draft=%s is model.target=%s itself: each draft call costs a target "
+                "call, so speculation runs slower than plain search; name a smaller draft, "
+                "or use a non-speculative decoding (beam, greedy)",
+                cfg.draft, cfg.target,
+            )  # fmt: skip
     return target, cast_draft(draft, target, draft_dtype)
+
+
+def is_target_itself(draft: Draft, target: TransformerModel) -> bool:
+    """Whether a draft is the target's weights (named by another card or path): a decoder
+    of the same shapes whose first and last weights equal the target's."""
+    ours, theirs = list(draft.decoder.parameters()), list(target.decoder.parameters())
+    if [p.shape for p in ours] != [p.shape for p in theirs]:
+        return False
+    return all(torch.equal(ours[i], theirs[i]) for i in (0, -1))
 
 
 def _random_model(setting: str, arch: ModelArch | None, vocab_size: int, seed: int) -> Any:
@@ -425,12 +462,17 @@ def _random_model(setting: str, arch: ModelArch | None, vocab_size: int, seed: i
 
 
 def _checkpoint(setting: str, spec: str) -> Path:
+    """A checkpoint path that exists; a missing one of the embedded task's says how to build
+    it, a user's own is named alone."""
     path = user_path(spec)
     if not path.exists():
+        embedded = path.resolve().is_relative_to((SHIPPED / "tasks").resolve())
+        hint = (
+            " (tasks/bible_es_en/README.md says how to build the embedded pair; "
+            "model=tiny_random runs the pipeline with untrained models)"
+        )
         raise FileNotFoundError(
-            f"{setting}={spec}: checkpoint not found: {path} (tasks/bible_es_en/README.md "
-            "says how to build the embedded pair; model=tiny_random runs the pipeline with "
-            "untrained models)"
+            f"{setting}={spec}: checkpoint not found: {path}{hint if embedded else ''}"
         )
     return path
 

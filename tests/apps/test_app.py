@@ -19,17 +19,21 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import specbeam.apps.calibrate  # noqa: F401  (registers calibrate_schema)
+import specbeam.apps.distill  # noqa: F401  (registers distill_schema)
 import specbeam.apps.evaluate  # noqa: F401  (registers evaluate_schema)
 import specbeam.apps.train  # noqa: F401  (registers train_schema)
 import specbeam.apps.train_head  # noqa: F401  (registers train_head_schema)
 import specbeam.apps.translate  # noqa: F401  (registers translate_schema)
+from specbeam.apps import app
 from specbeam.apps.app import (
+    PipelineConfig,
     check_group_choices,
     check_launcher,
     check_override_syntax,
     command_line_settings,
     run_app,
     shadowed_user_configs,
+    unused_warning,
     value_problem,
 )
 from specbeam.apps.decoding import DecodingConfig, load_decoding
@@ -211,6 +215,22 @@ def test_command_line_settings_win_over_calibrated_ones() -> None:
     assert command_line_settings("decoding") == set()  # outside a Hydra app
 
 
+def test_a_setting_the_decoding_never_reads_is_a_warning(monkeypatch, capsys) -> None:
+    """`decoding=beam decoding.gamma=3`: the setting is named, not passed silently."""
+    monkeypatch.setattr(app, "command_line_settings", lambda group: {"gamma", "beam_size"})
+    PipelineConfig(decoding=load_decoding("beam")).settle()
+    assert capsys.readouterr().err == (
+        "warning: decoding.gamma=4 has no effect: decoding=beam does not speculate\n"
+    )
+    PipelineConfig(decoding=load_decoding("spec_beam")).settle()
+    assert capsys.readouterr().err == ""
+    beam = load_decoding("beam")
+    assert unused_warning(beam, {"top_p", "relax_top"}) == (
+        "decoding.relax_top=0, decoding.top_p=0.9 have no effect: decoding=beam does not "
+        "speculate or sample"
+    )
+
+
 def test_method_strings_are_tuned_but_for_the_settings_they_name() -> None:
     """evaluate's `spec_beam:draft_width=20` is spec_beam as tuned, with width 20."""
     hw = HardwareConfig(tuned={"spec_beam": {"gamma": 7, "draft_width": 9}})
@@ -249,6 +269,31 @@ def run_entry(
         cmd, cwd=SHIPPED, input="Hola\n", capture_output=True, text=True, timeout=300,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("app", "overrides", "run_dir"),
+    [
+        ("evaluate", ["output_dir=results"], "{cwd}/results"),
+        ("evaluate", ["output_dir=~/results"], "{home}/results"),
+        ("calibrate", ["hardware_dir=hw"], "."),
+        ("distill", ["out_dir=d"], "."),
+    ],
+)
+def test_apps_write_no_run_directory_beside_their_output(
+    app: str, overrides: list[str], run_dir: str, tmp_path: Path, monkeypatch
+) -> None:
+    """Not ./outputs/DATE/TIME/ in the working directory: evaluate's run directory (its
+    config, its log) is its output_dir; calibrate and distill, like translate, have none."""
+    monkeypatch.chdir(tmp_path)
+    with initialize_config_dir(config_dir=str(SHIPPED / "conf"), version_base=None):
+        cfg = compose(app, overrides=overrides, return_hydra_config=True)
+        hydra = cfg.hydra
+        assert hydra.run.dir == run_dir.format(cwd=tmp_path, home=Path.home())
+        assert (hydra.output_subdir is None) == (app != "evaluate")
+        assert "file" not in hydra.job_logging.handlers or app == "evaluate"
+        default = compose(app, return_hydra_config=True).hydra.run.dir
+        assert default.startswith("outputs/") if app == "evaluate" else default == "."
 
 
 def test_paths_are_relative_to_where_the_command_ran_with_job_chdir(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +18,11 @@ from specbeam.apps.calibrate import (
     Calibration,
     CallTimer,
     GridRow,
+    OtherLoad,
     calibrate,
     ceiling_table,
     never_accepted,
+    trusted,
     usage,
     write_hardware,
 )
@@ -152,28 +157,61 @@ def test_cpu_config_plans_exact_and_relaxed_decodings() -> None:
         load_hardware("gpu9")
 
 
-@pytest.mark.parametrize("beside_ms", [2.5, -4.8])
-def test_costs_are_written_with_no_negative_work_beside_the_calls(
-    tmp_path, caplog, beside_ms
-) -> None:
-    """The planner's costs are the calibrated ones; searches faster than their own timed
-    calls (the machine's speed changed in between, or a large target's timed calls cost
-    more than inside a search) would price a pass below its calls: that work is written as
-    0, and the config and the log say why."""
+CALLS = {"target": {1: 11.5, 25: 47.5}, "draft": {1: 3.4, 10: 7.0}}
+
+
+@pytest.mark.parametrize("beside_ms", [2.5, -3.8])
+def test_costs_are_written_with_no_negative_work_beside_the_calls(tmp_path, beside_ms) -> None:
+    """The planner's costs are the calibrated ones; searches a little faster than their own
+    timed calls (a large target's timed calls cost more than inside a search) would price
+    a pass below its calls: that work is written as 0, and the config says why."""
     cfg = compose_config("calibrate", [f"hardware_dir={tmp_path}", "name=cal"])
     plan = PlanCosts(LinearCost(10.0, 1.5), LinearCost(3.0, 0.4), beside_ms, plain_step_ms=2.5)
+    cal = trusted(Calibration(plan, CALLS, fairseq2_step_ms=48.0), 5, tmp_path / "cal.yaml", "")
     shape = PassShape(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0)
     best = GridRow(2, 10, shape, 3.0, beside_ms, 2.5, 0.6, 0.65, 1.9)
-    path = write_hardware(
-        cfg, "spec_beam", 5, best, Calibration(plan, {}, fairseq2_step_ms=48.0), [1, 4]
-    )
+    path = write_hardware(cfg, "spec_beam", 5, best, cal, [1, 4])
     written = OmegaConf.load(path)
     assert written.tuned.spec_beam.gamma == 2 and written.tuned.spec_beam.plan_tau == 2.0
     costs = OmegaConf.to_container(written.costs)
     assert costs == {"target": [10.0, 1.5], "draft": [3.0, 0.4],
                      "accept_ms": max(beside_ms, 0.0), "plain_step_ms": 2.5}  # fmt: skip
-    said = "work beside the calls written as 0 where it came out negative (-4.80 ms per pass"
-    assert (said in caplog.text) == (said in path.read_text()) == (beside_ms < 0)
+    said = "work beside the calls written as 0 where it came out negative (-3.80 ms per spec"
+    assert (said in (cal.raised or "")) == (said in path.read_text()) == (beside_ms < 0)
+
+
+def test_costs_that_cannot_be_trusted_are_not_written(tmp_path, capsys) -> None:
+    """A busy machine slowed the timed calls more than the searches: work beside the calls
+    far below zero, the screen's costs would differ from those written. One line names the
+    file not written and the cause; nothing of it is printed as a result."""
+    plan = PlanCosts(LinearCost(440.0, 2.3), LinearCost(3.0, 0.4), -590.86, plain_step_ms=-259.4)
+    cal = Calibration(plan, CALLS, fairseq2_step_ms=480.0)
+    path = tmp_path / "my_nllb.yaml"
+    busy = "other processes kept 1.6 of this machine's 2 CPUs busy on average while it measured"
+    with pytest.raises(ValueError) as refused:
+        trusted(cal, 5, path, busy)
+    assert str(refused.value) == (
+        f"calibration cannot be trusted, so {path} was not written: the work beside the calls "
+        "came out negative (-590.86 ms per speculative pass, -259.40 ms per plain step, against "
+        f"a 451.50 ms target call), as the timed calls and the searches ran at different "
+        f"speeds: {busy}; run it again on an idle machine"
+    )
+    free = Calibration(PlanCosts(LinearCost(-2.0, 0.1), plan.draft, 1.0, 1.0), CALLS, 48.0)
+    with pytest.raises(ValueError, match="a target call fitted to cost nothing"):
+        trusted(free, 5, path, busy)
+    assert not path.exists()
+
+
+def test_other_processes_cpu_time_is_measured() -> None:
+    """A busy loop in a child process counts as another's CPU time, this process's not."""
+    load = OtherLoad()
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() < t + 0.6: pass"]
+    )
+    child.wait()
+    cpus = load.cpus()
+    assert cpus is not None and 0.3 < cpus < (os.cpu_count() or 1) + 0.5  # ticks are coarse
+    assert "other processes kept" in load.cause() or cpus < 0.1
 
 
 def test_the_closing_hint_names_the_searchpath_a_directory_needs(tmp_path, monkeypatch) -> None:
@@ -197,16 +235,24 @@ def test_a_shipped_hardware_name_is_refused() -> None:
 
 
 def test_a_draft_the_target_never_takes_is_named() -> None:
-    """An untrained head or one of another target: every cell's τ is about 1."""
+    """An untrained head or one of another target: every cell's τ is about 1. The line ends
+    with what the planner does with the costs written: a pass of one step may still cost
+    less than a plain step, and then it speculates."""
 
-    def row(tau: float) -> GridRow:
-        return GridRow(2, 5, PassShape(tau=tau), 0.5, 0.5, 2.0, 0.4, 0.3, 0.3)
+    def row(tau: float, predicted: float = 0.4) -> GridRow:
+        return GridRow(2, 5, PassShape(tau=tau), 0.5, 0.5, 2.0, predicted, 0.3, 0.3)
 
-    assert never_accepted([row(1.0), row(1.02)]) == (
-        "the target took almost none of the draft's tokens (τ ≤ 1.02 at every γ and width): "
-        "the draft is untrained or made for another target, and the planner will run plain search"
+    taken = "the target took almost none of the draft's tokens (τ ≤ 1.02 at every γ and width): "
+    assert never_accepted([row(1.0), row(1.02)], row(1.0)) == (
+        f"{taken}the draft is untrained or made for another target; the planner will run "
+        "plain search (predicted 0.40× plain search at γ 2, width 5)"
     )
-    assert never_accepted([row(1.0), row(1.6)]) is None
+    assert never_accepted([row(1.0), row(1.02)], row(1.0, 1.18)) == (
+        f"{taken}the draft is untrained or made for another target; the planner will still "
+        "speculate at batch 1, as a pass costs less than a plain step here (predicted 1.18× "
+        "plain search at γ 2, width 5)"
+    )
+    assert never_accepted([row(1.0), row(1.6)], row(1.6)) is None
 
 
 def test_ceiling_prices_a_perfect_draft_as_the_planner_does() -> None:

@@ -108,6 +108,27 @@ def test_an_empty_split_or_a_chunk_size_below_one_is_refused(tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_limit_distills_the_first_pairs(tmp_path, monkeypatch) -> None:
+    """A trial of the chain on a few pairs; a negative limit is refused before any work."""
+    (tmp_path / "data").mkdir()
+    rows = [f"Ref {i}\tY dijo {i} veces.\tAnd he said it {i} times." for i in range(5)]
+    (tmp_path / "data" / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    task, out = TaskConfig(data_dir=str(tmp_path / "data")), str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"^limit=-1 is invalid: must be ≥ 0 \(0: all\)$"):
+        distill(DistillConfig(task=task, out_dir=out, limit=-1))
+    translated = []
+
+    def translate(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        translated.extend(args[2])
+        return ["x" for _ in args[2]]
+
+    monkeypatch.setattr("specbeam.apps.distill.translate_texts", translate)
+    monkeypatch.setattr(DistillConfig, "build", lambda self: (None, None))
+    distill(DistillConfig(task=task, out_dir=out, limit=3, chunk_size=2))
+    assert translated == [f"Y dijo {i} veces." for i in range(3)]
+    assert len(read_tsv(tmp_path / "out" / "train.tsv")) == 3
+
+
 def test_sigterm_says_how_many_chunks_are_kept(tmp_path, monkeypatch, capsys) -> None:
     """A scheduler's SIGTERM mid-run: one line with the chunks written, exit code 143; the
     finished chunk stays, and the rerun translates only the rest."""

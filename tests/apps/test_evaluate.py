@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from specbeam.apps.evaluate import EvaluateConfig, evaluate
+from specbeam.apps.compare import MethodRun
+from specbeam.apps.decoding import load_decoding
+from specbeam.apps.evaluate import EvaluateConfig, evaluate, markdown, plot, summarise
 from specbeam.data.task import TaskConfig
+from specbeam.search.stats import SpecStats
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +47,26 @@ def test_evaluate_side_by_side(tmp_path) -> None:
     assert (out / "speedup_tau.png").stat().st_size > 0 and (
         out / "throughput.png"
     ).stat().st_size > 0
+
+
+def test_a_method_its_planner_ran_plain_on_every_sentence_is_all_plain(tmp_path) -> None:
+    """It made no passes: 100% plain, and no τ (the table's –, no bar in the plot), not τ 1
+    as if it speculated; a plain method's τ is 1 and its plain share –."""
+    refs = ["in the beginning", "and the earth"]
+
+    def ran(name: str, stats: SpecStats) -> MethodRun:
+        run = MethodRun(name, generator=None, seconds=[0.5, 0.5], outputs=refs)  # type: ignore[arg-type]
+        run.tokens, run.stats = [[[4, 5]], [[6]]], stats
+        return run
+
+    runs = [ran("beam", SpecStats()), ran("spec_beam", SpecStats(plain_sources=2))]
+    rows = summarise(runs, [load_decoding("beam"), load_decoding("spec_beam")], refs, 1, 2)
+    assert (rows[1]["plain_share"], rows[1]["tau"]) == (1.0, None)
+    assert (rows[0]["plain_share"], rows[0]["tau"]) == (None, 1.0)
+    lines = markdown(rows).splitlines()
+    assert "| 1.00× | 100% | – | – | – |" in lines[3] and "| 1.00× | – | 1.00 | – | – |" in lines[2]
+    plot(rows, tmp_path)
+    assert (tmp_path / "speedup_tau.png").stat().st_size > 0
 
 
 def test_slurm_launcher_config_composes() -> None:

@@ -5,7 +5,7 @@ import torch
 from fairseq2.nn import Projection
 
 from specbeam.apps.decoding import DecodingConfig, load_decoding
-from specbeam.apps.hardware import HardwareConfig, load_hardware
+from specbeam.apps.hardware import HardwareConfig, auto_choice, load_hardware
 from specbeam.integration.models import LoadedPair
 from specbeam.kernels import attention, cpu, onednn, quant
 from specbeam.kernels import native as nativelib
@@ -51,6 +51,27 @@ def test_auto_target_dtype_follows_the_cpu(monkeypatch, fbgemm, bf16, int8, auto
     monkeypatch.setattr(onednn, "int8_native", lambda: int8)
     assert HardwareConfig(target_dtype="auto").target_precision == auto
     assert HardwareConfig(target_dtype="int8").target_precision == ("int8" if int8 else "float32")  # fmt: skip
+
+
+@pytest.mark.parametrize(("fbgemm", "bf16", "int8", "auto"), AUTO_CASES)
+def test_auto_target_dtype_says_what_it_chose_and_why(
+    monkeypatch, caplog, tiny_target, fbgemm, bf16, int8, auto
+) -> None:
+    """auto names no precision: one line does, with the CPU's reason."""
+    monkeypatch.setattr(quant, "fbgemm_sums", lambda: object() if fbgemm else None)
+    monkeypatch.setattr(onednn, "bf16_native", lambda: bf16)
+    monkeypatch.setattr(onednn, "int8_native", lambda: int8)
+    precision, why = auto_choice()
+    assert precision == auto and "this CPU" in why
+    if auto != "float32":
+        return  # quantizing needs the CPU support the case fakes
+    pair = LoadedPair(tokenizer=None, target=copy.deepcopy(tiny_target), draft=None)  # type: ignore[arg-type]
+    with caplog.at_level("INFO", logger="specbeam.hardware"):
+        HardwareConfig(target_dtype="auto").place(pair)
+    assert [r.getMessage() for r in caplog.records] == [
+        "hardware.target_dtype=auto: the target runs float32, as this CPU has neither native "
+        "bf16 nor fast int8 products"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -234,7 +234,9 @@ def test_partial_output_of_another_job_is_refused_naming_what_differs(tmp_path) 
     path (relative, from another directory) are the same job."""
     target = tmp_path / "out.txt"
     job = {"input": "a.es", "input_sha256": "1", "settings": {"nbest": 1, "decoding.gamma": 2}}
-    ResumableOutput(str(target), job).close()
+    first = ResumableOutput(str(target), job)
+    first.write(["one"])
+    first.close()
     other_bytes = {**job, "input_sha256": "2"}
     with pytest.raises(ValueError) as error:
         ResumableOutput(str(target), other_bytes)
@@ -250,6 +252,17 @@ def test_partial_output_of_another_job_is_refused_naming_what_differs(tmp_path) 
     theirs = {"decoding.name": "greedy", "decoding.gamma": 4, "nbest": 2}
     assert setting_differences(ours, theirs) == ["decoding spec_beam vs greedy", "nbest 1 vs 2"]
     ResumableOutput(str(target), {**job, "input": "/somewhere/else/a.es"}).finish()
+
+
+def test_a_partial_output_with_no_lines_blocks_nothing(tmp_path) -> None:
+    """A run that failed before its first line (an unreadable input) leaves nothing to
+    resume: the corrected command, another job, starts afresh; abandoning it leaves nothing."""
+    target = tmp_path / "o.en"
+    ResumableOutput(str(target), {"input": "/bin/ls", "input_sha256": "1"}).close()
+    corrected = ResumableOutput(str(target), {"input": "a.es", "input_sha256": "2"})
+    assert not corrected.resumed and corrected.done == 0
+    corrected.abandon()
+    assert list(tmp_path.iterdir()) == []
 
 
 def _resumed(tmp_path: Path, written: list[str], ahead: dict[int, str]) -> ResumableOutput:

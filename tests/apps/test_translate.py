@@ -359,6 +359,37 @@ def test_lines_before_invalid_utf8_are_translated_and_written(tmp_path) -> None:
     assert (tmp_path / "bad.en.partial").read_text(encoding="utf-8").count("\n") == 1
 
 
+def test_an_unreadable_input_leaves_no_partial_to_block_the_corrected_command(tmp_path) -> None:
+    """`input=/bin/ls` fails on its first line: no partial output is left, and an empty one
+    (of an older run) does not refuse the rerun with the right input. From stdin into a
+    file, the error names the partial file that holds the lines before the bad one."""
+    output = tmp_path / "o.en"
+    failed = run(tmp_path, "input=/bin/ls", f"output={output}")
+    assert failed.returncode == 1 and "error: /bin/ls:1: " in failed.stderr
+    assert "partial" not in failed.stderr and not list(tmp_path.glob("o.en*"))
+    Path(f"{output}.partial").write_text("")
+    Path(f"{output}.partial.json").write_text('{"input": "/bin/ls", "input_sha256": "0"}\n')
+    source = tmp_path / "right.es"
+    source.write_text("Hola.\n", encoding="utf-8")
+    rerun = run(tmp_path, f"input={source}", f"output={output}")
+    assert rerun.returncode == 0, rerun.stderr
+    assert output.read_text(encoding="utf-8").count("\n") == 1
+    assert sorted(p.name for p in tmp_path.glob("o.en*")) == ["o.en"]
+    cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",
+           "decoding.max_gen_len=[0.5,4]", f"output={tmp_path}/piped.en"]  # fmt: skip
+    piped = subprocess.run(cmd, cwd=REPO, input=b"Hola.\nEl Se\xf1or\n", capture_output=True)
+    assert piped.returncode == 1
+    assert (
+        piped.stderr.decode()
+        .strip()
+        .splitlines()[-1]
+        .endswith(
+            f"; {tmp_path}/piped.en.partial holds the 1 line before it, and the same command "
+            "with input_errors=replace continues it"
+        )
+    )
+
+
 def test_a_filter_leaves_nothing_in_the_working_directory(tmp_path) -> None:
     """No Hydra run directory (./outputs/…), no log file; stderr has no stray blank line."""
     cmd = [sys.executable, "-m", "specbeam.translate", "model=tiny_random", "hardware.threads=1",

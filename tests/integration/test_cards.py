@@ -68,6 +68,21 @@ def test_cli_refers_a_card_to_another_cards_tokenizer(tmp_path: Path) -> None:
     assert pair.load_tokenizer().vocab_info.size == 8000
 
 
+def test_a_tokenizer_of_a_card_that_does_not_exist_is_refused_before_writing(
+    tmp_path: Path,
+) -> None:
+    """It was written, and the error came only when an app used the card."""
+    save_model(build_model(TARGET_ARCH), TARGET_ARCH, tmp_path / "m.pt", torch.float16)
+    out = tmp_path / "cards" / "mine.yaml"
+    with pytest.raises(SystemExit) as refused:
+        main([str(out), f"mine={tmp_path / 'm.pt'}", "--tokenizer-of", "nosuchcard"])
+    assert str(refused.value.code) == (
+        f"error: --tokenizer-of nosuchcard: no asset card of that name ({out.parent}, "
+        "fairseq2's cards, FAIRSEQ2_USER_ASSET_DIR, tasks/*/cards); nothing written"
+    )
+    assert not out.exists()
+
+
 def test_cli_names_a_missing_or_unreadable_checkpoint_in_one_line(tmp_path: Path) -> None:
     """Not torch's traceback (nor its advice to load with `weights_only=False`)."""
     out = tmp_path / "cards.yaml"
@@ -75,7 +90,7 @@ def test_cli_names_a_missing_or_unreadable_checkpoint_in_one_line(tmp_path: Path
     not_a_checkpoint.write_text("hello\n")
     for checkpoint, problem in [
         (tmp_path / "missing.pt", f"{tmp_path}/missing.pt: no such checkpoint file"),
-        (not_a_checkpoint, f"{not_a_checkpoint} is not a checkpoint torch can read safely"),
+        (not_a_checkpoint, f"{not_a_checkpoint} is not a checkpoint: not a file torch.save wrote"),
     ]:
         cmd = [sys.executable, "-m", "specbeam.cards", str(out), f"x={checkpoint}"]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -16,6 +16,7 @@ from specbeam.integration.models import (
     cast_draft,
     check_same_pieces,
     check_same_vocabulary,
+    is_target_itself,
     load_model,
     load_pair,
     load_target,
@@ -60,8 +61,36 @@ def test_a_file_that_is_no_checkpoint_is_one_line_naming_the_setting(tmp_path) -
     with pytest.raises(ValueError) as error:
         load_target(str(path))
     assert str(error.value) == (
-        f"model.target={path}: {path} is not a checkpoint torch can read safely"
+        f"model.target={path}: {path} is not a checkpoint: not a file torch.save wrote"
     )
+
+
+def test_a_missing_checkpoint_hints_at_the_embedded_pair_only_for_its_files(tmp_path) -> None:
+    """A user's own path is named alone: how to build the embedded pair is no help there."""
+    mine = tmp_path / "best.pt"
+    with pytest.raises(FileNotFoundError) as error:
+        load_target(str(mine))
+    assert str(error.value) == f"model.target={mine}: checkpoint not found: {mine}"
+    embedded = SHIPPED / "tasks" / "bible_es_en" / "models" / "nowhere.pt"
+    with pytest.raises(FileNotFoundError, match=r"README.md says how to build the embedded pair"):
+        load_target(str(embedded))
+
+
+def test_a_truncated_checkpoint_is_named_truncated(tmp_path) -> None:
+    """A copy cut short, not a matter of reading safely; and a file of pickled objects is
+    named as what specbeam will not unpickle."""
+    path = tmp_path / "target.pt"
+    save_model(build_model(TARGET_ARCH), TARGET_ARCH, path, torch.float32)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError) as error:
+        load_target(str(path))
+    assert str(error.value) == (
+        f"model.target={path}: {path} is truncated or corrupt: torch cannot read its archive; "
+        "copy or save it again"
+    )
+    torch.save({"arch": object()}, path)
+    with pytest.raises(ValueError, match=r"target.pt holds Python objects beside its tensors"):
+        load_target(str(path))
 
 
 def test_shallow_draft_shares_the_target_encoder(tiny_target) -> None:
@@ -91,6 +120,25 @@ def test_a_pair_loads_a_shallow_draft_over_its_target(tmp_path, tiny_target) -> 
     pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=str(tmp_path / "draft.pt"))
     loaded, draft = load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
     assert draft is not None and draft.encoder is loaded.encoder
+
+
+def test_a_draft_that_is_the_target_itself_is_a_warning(tmp_path, tiny_target, caplog) -> None:
+    """Named by another path (a link): it runs (the output is the same), but every draft call costs
+    a target call; a real draft passes without a word."""
+    target = copy.deepcopy(tiny_target)
+    save_model(target, TARGET_ARCH, tmp_path / "target.pt", torch.float32)
+    (tmp_path / "same.pt").symlink_to(tmp_path / "target.pt")
+    itself = str(tmp_path / "same.pt")
+    pair = ModelPairConfig(target=str(tmp_path / "target.pt"), draft=itself)
+    with caplog.at_level("WARNING", logger="specbeam.models"):
+        load_pair(pair, TARGET_ARCH.vocab_size, with_draft=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"model.draft={itself} is model.target={tmp_path}/target.pt itself: each draft call "
+        "costs a target call, so speculation runs slower than plain search; name a smaller "
+        "draft, or use a non-speculative decoding (beam, greedy)"
+    ]
+    assert not is_target_itself(build_shallow_draft(target, DRAFT_ARCH), target)
+    assert not is_target_itself(DraftHead(target, HeadArch()), target)
 
 
 def test_mismatched_vocabulary_is_refused(tiny_target) -> None:
