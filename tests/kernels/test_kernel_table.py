@@ -99,3 +99,13 @@ def test_the_table_prints_one_row_per_shape_in_order(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     assert text.index(f"| {threads} threads, 5 rows, 64x32 | fast |") < text.index("16 rows")
     assert "| – | – |" in text  # onednn, few_rows: not candidates here
+
+
+def test_measuring_leaves_the_global_random_state_alone(tmp_path: Path) -> None:
+    """A seeded sampling run measures kernels on its first call only: the draws after it
+    must be those of a run that measured nothing."""
+    torch.manual_seed(7)
+    KernelTable(tmp_path / "products.json").choose(5, torch.zeros(64, 32), NAMES, counting([]))
+    after = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(after, torch.rand(3))
