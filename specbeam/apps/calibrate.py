@@ -224,9 +224,9 @@ class Calibration:
 
 @final
 class OtherLoad:
-    """The CPU time other processes take from its making to `cause` (Linux's /proc/stat
-    less this process's own): on a shared machine they slow the timed calls and the
-    searches unevenly, which makes the work beside the calls come out negative."""
+    """The CPU time other processes take from its making on (Linux's /proc/stat less this
+    process's own): on a shared machine they slow the timed calls and the searches
+    unevenly, which skews the work beside the calls."""
 
     def __init__(self) -> None:
         self.start = (time.monotonic(), _busy_cpu_seconds(), _own_cpu_seconds())
@@ -239,15 +239,6 @@ class OtherLoad:
         if busy is None or now is None or elapsed <= 0:
             return None
         return max(now - busy - (_own_cpu_seconds() - own), 0.0) / elapsed
-
-    def cause(self) -> str:
-        cpus = self.cpus()
-        if cpus is None or cpus < 0.1:
-            return "another process or clock scaling changed the machine's speed between them"
-        return (
-            f"other processes kept {cpus:.1f} of this machine's {os.cpu_count()} CPUs busy "
-            "on average while it measured"
-        )
 
 
 def _busy_cpu_seconds() -> float | None:
@@ -268,35 +259,40 @@ def _own_cpu_seconds() -> float:
     return times.user + times.system
 
 
-UNTRUSTED_SHARE = 0.25
-"""Negative work beside the calls down to this share of a plain step's target call is
-written as 0: a timed call costs a little more than the same call inside a search (a large
-target's, docs/dense_600m.md). Beyond it the calls and the searches ran at different speeds."""
+BUSY_CPUS = 0.5
+"""Other processes keeping this many CPUs busy on average while calibrate measured make
+negative work beside the calls a measurement of them, not of this machine."""
 
 
-def trusted(cal: Calibration, beam_size: int, path: Path, cause: str) -> Calibration:
-    """`cal` with work beside the calls raised to 0 where it came out slightly negative
-    (`raised` says so); a ValueError naming `path`, which is then not written, and `cause`
-    where a cost cannot be trusted: a call that costs nothing, or work beside the calls
-    more negative than `UNTRUSTED_SHARE` of a call."""
+def trusted(cal: Calibration, path: Path, others: float | None) -> Calibration:
+    """`cal`, or a ValueError naming `path` (then not written) where a cost cannot be
+    trusted: a call fitted to cost nothing, or work beside the calls negative while other
+    processes (`others`: the CPUs they kept busy, None: unknown) kept `BUSY_CPUS` busy.
+    Negative work on an otherwise idle machine is a timed call costing more than the same
+    call inside a search (a large target's, docs/dense_600m.md; a tiny one's): raised to
+    0, and `raised` says so, so that the costs printed are those written."""
     c = cal.costs
     free = [m for m, cost in (("target", c.target), ("draft", c.draft))
             if min(cost.ms(t) for t in cal.calls[m]) <= 0]  # fmt: skip
-    floor = -UNTRUSTED_SHARE * c.target.ms(beam_size)
     beside = {"per speculative pass": c.accept_ms, "per plain step": c.plain_step_ms}
-    negative = {what: ms for what, ms in beside.items() if ms < 0}
-    if free or any(ms < floor for ms in negative.values()):
+    negative = ", ".join(f"{ms:.2f} ms {what}" for what, ms in beside.items() if ms < 0)
+    busy = others is not None and others >= BUSY_CPUS
+    if free or (negative and busy):
+        cause = (
+            f"other processes kept {others:.1f} of this machine's {os.cpu_count()} CPUs busy "
+            "on average while it measured"
+            if others is not None and others >= 0.1
+            else "the machine's speed changed while it measured"
+        )
         found = (
-            f"a {free[0]} call fitted to cost nothing"
+            f"a {free[0]} call fitted to cost nothing, as its timings varied more than it costs"
             if free
-            else "the work beside the calls came out negative ("
-            + ", ".join(f"{ms:.2f} ms {what}" for what, ms in negative.items())
-            + f", against a {c.target.ms(beam_size):.2f} ms target call)"
+            else f"the work beside the calls came out negative ({negative}), as the timed "
+            "calls and the searches ran at different speeds"
         )
         raise ValueError(
-            f"calibration cannot be trusted, so {path} was not written: {found}, as the timed "
-            f"calls and the searches ran at different speeds: {cause}; run it again on an "
-            "idle machine"
+            f"calibration cannot be trusted, so {path} was not written: {found} ({cause}); "
+            "run it again on an idle machine"
         )
     if not negative:
         return cal
@@ -304,9 +300,8 @@ def trusted(cal: Calibration, beam_size: int, path: Path, cause: str) -> Calibra
         c, accept_ms=max(c.accept_ms, 0.0), plain_step_ms=max(c.plain_step_ms, 0.0)
     )
     note = (
-        "work beside the calls written as 0 where it came out negative ("
-        + ", ".join(f"{ms:.2f} ms {what}" for what, ms in negative.items())
-        + "): a timed call costs a little more than the same call inside a search"
+        f"work beside the calls written as 0 where it came out negative ({negative}): a timed "
+        "call costs more than the same call inside a search"
     )
     return dataclasses.replace(cal, costs=raised, raised=note)
 
@@ -411,8 +406,8 @@ def run_grid(
         cfg.task.tgt_lang, batch_size=1, desc="τ grid",
     )  # fmt: skip
     cal = trusted(
-        Calibration.of(points, k, baseline, lean, runs), k, hardware_dir(cfg) / f"{cfg.name}.yaml",
-        load.cause(),
+        Calibration.of(points, k, baseline, lean, runs), hardware_dir(cfg) / f"{cfg.name}.yaml",
+        load.cpus(),
     )  # fmt: skip
     c = cal.costs
     rows = []

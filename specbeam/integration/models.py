@@ -256,16 +256,14 @@ def unreadable_checkpoint(path: Path, error: Exception) -> str:
     they would run code; anything else is no checkpoint."""
     with open(path, "rb") as f:
         zipped = f.read(4) == b"PK\x03\x04"  # torch.save's format since torch 1.6
+    if not zipped:
+        return f"{path} is not a checkpoint: not a file torch.save wrote"
     if "Weights only load failed" in str(error):
         return (
             f"{path} holds Python objects beside its tensors, which specbeam does not load "
             "(unpickling them would run their code)"
         )
-    if zipped:
-        return (
-            f"{path} is truncated or corrupt: torch cannot read its archive; copy or save it again"
-        )
-    return f"{path} is not a checkpoint: not a file torch.save wrote"
+    return f"{path} is truncated or corrupt: torch cannot read its archive; copy or save it again"
 
 
 OTHER_CHECKPOINTS = (

@@ -275,7 +275,7 @@ def run_entry(
     ("app", "overrides", "run_dir"),
     [
         ("evaluate", ["output_dir=results"], "{cwd}/results"),
-        ("evaluate", ["output_dir=~/results"], "{home}/results"),
+        ("evaluate", ["output_dir='~/results'"], "{home}/results"),
         ("calibrate", ["hardware_dir=hw"], "."),
         ("distill", ["out_dir=d"], "."),
     ],

@@ -52,7 +52,17 @@ def compose_config(name: str, overrides: list[str]) -> object:
         return OmegaConf.to_object(compose(name, overrides=overrides))
 
 
-def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys, monkeypatch) -> None:
+@pytest.fixture
+def idle_machine(monkeypatch) -> None:
+    """No other process counted busy (tests may run beside others): a tiny target's timed
+    calls cost more than inside a search, and its work beside the calls is written as 0
+    rather than refused as a busy machine's (`trusted`)."""
+    monkeypatch.setattr(OtherLoad, "cpus", lambda self: 0.0)
+
+
+def test_calibrate_writes_a_loadable_hardware_config(
+    tmp_path, capsys, monkeypatch, idle_machine
+) -> None:
     """By default into the per-user configs, where `hardware=NAME` finds it."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     cfg = compose_config("calibrate", [
@@ -89,7 +99,7 @@ def test_calibrate_writes_a_loadable_hardware_config(tmp_path, capsys, monkeypat
     assert hw.tune(load_decoding("spec_sample")) == load_decoding("spec_sample")  # not tuned
 
 
-def test_calibrates_any_speculative_method(tmp_path) -> None:
+def test_calibrates_any_speculative_method(tmp_path, idle_machine) -> None:
     """`method=` names the decoding to tune (`decoding=` is the apps' config group, and
     Hydra refuses it here); the file holds its tuned settings alone: hardware=cpu's other
     entries were measured for another pair."""
@@ -116,7 +126,7 @@ def test_calibrates_any_speculative_method(tmp_path) -> None:
 
 
 def test_calibrating_a_users_config_again_keeps_what_it_measured_before(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, idle_machine
 ) -> None:
     """A second method calibrated on the user's own config (found per user, by name) adds
     its tuned settings to the first's rather than dropping them."""
@@ -160,14 +170,15 @@ def test_cpu_config_plans_exact_and_relaxed_decodings() -> None:
 CALLS = {"target": {1: 11.5, 25: 47.5}, "draft": {1: 3.4, 10: 7.0}}
 
 
-@pytest.mark.parametrize("beside_ms", [2.5, -3.8])
+@pytest.mark.parametrize("beside_ms", [2.5, -13.8])
 def test_costs_are_written_with_no_negative_work_beside_the_calls(tmp_path, beside_ms) -> None:
-    """The planner's costs are the calibrated ones; searches a little faster than their own
-    timed calls (a large target's timed calls cost more than inside a search) would price
-    a pass below its calls: that work is written as 0, and the config says why."""
+    """The planner's costs are the calibrated ones; searches faster than their own timed
+    calls on an idle machine (a timed call of a large or tiny target costs more than inside
+    a search) would price a pass below its calls: that work is written as 0 (and printed
+    so), and the config says why."""
     cfg = compose_config("calibrate", [f"hardware_dir={tmp_path}", "name=cal"])
     plan = PlanCosts(LinearCost(10.0, 1.5), LinearCost(3.0, 0.4), beside_ms, plain_step_ms=2.5)
-    cal = trusted(Calibration(plan, CALLS, fairseq2_step_ms=48.0), 5, tmp_path / "cal.yaml", "")
+    cal = trusted(Calibration(plan, CALLS, fairseq2_step_ms=48.0), tmp_path / "cal.yaml", 0.02)
     shape = PassShape(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0)
     best = GridRow(2, 10, shape, 3.0, beside_ms, 2.5, 0.6, 0.65, 1.9)
     path = write_hardware(cfg, "spec_beam", 5, best, cal, [1, 4])
@@ -176,29 +187,45 @@ def test_costs_are_written_with_no_negative_work_beside_the_calls(tmp_path, besi
     costs = OmegaConf.to_container(written.costs)
     assert costs == {"target": [10.0, 1.5], "draft": [3.0, 0.4],
                      "accept_ms": max(beside_ms, 0.0), "plain_step_ms": 2.5}  # fmt: skip
-    said = "work beside the calls written as 0 where it came out negative (-3.80 ms per spec"
+    said = "work beside the calls written as 0 where it came out negative (-13.80 ms per spec"
     assert (said in (cal.raised or "")) == (said in path.read_text()) == (beside_ms < 0)
 
 
-def test_costs_that_cannot_be_trusted_are_not_written(tmp_path, capsys) -> None:
-    """A busy machine slowed the timed calls more than the searches: work beside the calls
-    far below zero, the screen's costs would differ from those written. One line names the
-    file not written and the cause; nothing of it is printed as a result."""
+@pytest.mark.parametrize(
+    ("others", "cause"),
+    [
+        (
+            1.6,
+            "other processes kept 1.6 of this machine's 2 CPUs busy on average while it measured",
+        ),
+        (None, "the machine's speed changed while it measured"),
+    ],
+)
+def test_costs_that_cannot_be_trusted_are_not_written(tmp_path, monkeypatch, others, cause) -> None:
+    """Other processes slowed the timed calls more than the searches: work beside the calls
+    below zero, and the screen's costs would differ from those written. One line names the
+    file not written and the cause; a call fitted to cost nothing is refused on any machine."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     plan = PlanCosts(LinearCost(440.0, 2.3), LinearCost(3.0, 0.4), -590.86, plain_step_ms=-259.4)
     cal = Calibration(plan, CALLS, fairseq2_step_ms=480.0)
     path = tmp_path / "my_nllb.yaml"
-    busy = "other processes kept 1.6 of this machine's 2 CPUs busy on average while it measured"
-    with pytest.raises(ValueError) as refused:
-        trusted(cal, 5, path, busy)
-    assert str(refused.value) == (
-        f"calibration cannot be trusted, so {path} was not written: the work beside the calls "
-        "came out negative (-590.86 ms per speculative pass, -259.40 ms per plain step, against "
-        f"a 451.50 ms target call), as the timed calls and the searches ran at different "
-        f"speeds: {busy}; run it again on an idle machine"
-    )
+    if others is not None:
+        with pytest.raises(ValueError) as refused:
+            trusted(cal, path, others)
+        assert str(refused.value) == (
+            f"calibration cannot be trusted, so {path} was not written: the work beside the "
+            "calls came out negative (-590.86 ms per speculative pass, -259.40 ms per plain "
+            "step), as the timed calls and the searches ran at different speeds "
+            f"({cause}); run it again on an idle machine"
+        )
     free = Calibration(PlanCosts(LinearCost(-2.0, 0.1), plan.draft, 1.0, 1.0), CALLS, 48.0)
-    with pytest.raises(ValueError, match="a target call fitted to cost nothing"):
-        trusted(free, 5, path, busy)
+    with pytest.raises(ValueError) as refused:
+        trusted(free, path, others)
+    assert str(refused.value) == (
+        f"calibration cannot be trusted, so {path} was not written: a target call fitted to "
+        f"cost nothing, as its timings varied more than it costs ({cause}); run it again on "
+        "an idle machine"
+    )
     assert not path.exists()
 
 
@@ -211,7 +238,6 @@ def test_other_processes_cpu_time_is_measured() -> None:
     child.wait()
     cpus = load.cpus()
     assert cpus is not None and 0.3 < cpus < (os.cpu_count() or 1) + 0.5  # ticks are coarse
-    assert "other processes kept" in load.cause() or cpus < 0.1
 
 
 def test_the_closing_hint_names_the_searchpath_a_directory_needs(tmp_path, monkeypatch) -> None:
