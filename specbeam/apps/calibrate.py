@@ -259,15 +259,10 @@ def _own_cpu_seconds() -> float:
     return times.user + times.system
 
 
-BUSY_CPUS = 0.5
-"""Other processes keeping this many CPUs busy on average while calibrate measured make
-negative work beside the calls a measurement of them, not of this machine."""
-
-
-def trusted(cal: Calibration, path: Path, others: float | None) -> Calibration:
+def trusted(cal: Calibration, path: Path, others: float | None, busy_cpus: float) -> Calibration:
     """`cal`, or a ValueError naming `path` (then not written) where a cost cannot be
     trusted: a call fitted to cost nothing, or work beside the calls negative while other
-    processes (`others`: the CPUs they kept busy, None: unknown) kept `BUSY_CPUS` busy.
+    processes (`others`: the CPUs they kept busy, None: unknown) kept `busy_cpus` busy.
     Negative work on an otherwise idle machine is a timed call costing more than the same
     call inside a search (a large target's, docs/dense_600m.md; a tiny one's): raised to
     0, and `raised` says so, so that the costs printed are those written."""
@@ -276,7 +271,7 @@ def trusted(cal: Calibration, path: Path, others: float | None) -> Calibration:
             if min(cost.ms(t) for t in cal.calls[m]) <= 0]  # fmt: skip
     beside = {"per speculative pass": c.accept_ms, "per plain step": c.plain_step_ms}
     negative = ", ".join(f"{ms:.2f} ms {what}" for what, ms in beside.items() if ms < 0)
-    busy = others is not None and others >= BUSY_CPUS
+    busy = others is not None and others >= busy_cpus
     if free or (negative and busy):
         cause = (
             f"other processes kept {others:.1f} of this machine's {os.cpu_count()} CPUs busy "
@@ -334,6 +329,10 @@ class CalibrateConfig:
     """Cached positions per hypothesis during timed calls (a mid-sentence prefix)."""
     repeats: int = 7
     """Timed rounds of decoder calls per query-token count; a call's cost is their median."""
+    busy_cpus: float = 0.5
+    """Negative work beside the calls, measured while other processes kept this many CPUs
+    busy on average (/proc/stat), is refused: nothing is written. On a quieter machine it
+    is written as 0 (a timed call costing more than inside a search)."""
 
 
 ConfigStore.instance().store(name="calibrate_schema", node=CalibrateConfig)
@@ -407,7 +406,7 @@ def run_grid(
     )  # fmt: skip
     cal = trusted(
         Calibration.of(points, k, baseline, lean, runs), hardware_dir(cfg) / f"{cfg.name}.yaml",
-        load.cpus(),
+        load.cpus(), cfg.busy_cpus,
     )  # fmt: skip
     c = cal.costs
     rows = []

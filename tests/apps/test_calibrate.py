@@ -178,7 +178,7 @@ def test_costs_are_written_with_no_negative_work_beside_the_calls(tmp_path, besi
     so), and the config says why."""
     cfg = compose_config("calibrate", [f"hardware_dir={tmp_path}", "name=cal"])
     plan = PlanCosts(LinearCost(10.0, 1.5), LinearCost(3.0, 0.4), beside_ms, plain_step_ms=2.5)
-    cal = trusted(Calibration(plan, CALLS, fairseq2_step_ms=48.0), tmp_path / "cal.yaml", 0.02)
+    cal = trusted(Calibration(plan, CALLS, fairseq2_step_ms=48.0), tmp_path / "cal.yaml", 0.02, 0.5)
     shape = PassShape(tau=2.0, slots=25.0, draft_calls=2.0, draft_slots=10.0)
     best = GridRow(2, 10, shape, 3.0, beside_ms, 2.5, 0.6, 0.65, 1.9)
     path = write_hardware(cfg, "spec_beam", 5, best, cal, [1, 4])
@@ -204,23 +204,25 @@ def test_costs_are_written_with_no_negative_work_beside_the_calls(tmp_path, besi
 def test_costs_that_cannot_be_trusted_are_not_written(tmp_path, monkeypatch, others, cause) -> None:
     """Other processes slowed the timed calls more than the searches: work beside the calls
     below zero, and the screen's costs would differ from those written. One line names the
-    file not written and the cause; a call fitted to cost nothing is refused on any machine."""
+    file not written and the cause (fewer busy CPUs than `busy_cpus`: written as 0); a call
+    fitted to cost nothing is refused on any machine."""
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     plan = PlanCosts(LinearCost(440.0, 2.3), LinearCost(3.0, 0.4), -590.86, plain_step_ms=-259.4)
     cal = Calibration(plan, CALLS, fairseq2_step_ms=480.0)
     path = tmp_path / "my_nllb.yaml"
     if others is not None:
         with pytest.raises(ValueError) as refused:
-            trusted(cal, path, others)
+            trusted(cal, path, others, 0.5)
         assert str(refused.value) == (
             f"calibration cannot be trusted, so {path} was not written: the work beside the "
             "calls came out negative (-590.86 ms per speculative pass, -259.40 ms per plain "
             "step), as the timed calls and the searches ran at different speeds "
             f"({cause}); run it again on an idle machine"
         )
+        assert trusted(cal, path, others, busy_cpus=2.0).raised is not None  # below the bar
     free = Calibration(PlanCosts(LinearCost(-2.0, 0.1), plan.draft, 1.0, 1.0), CALLS, 48.0)
     with pytest.raises(ValueError) as refused:
-        trusted(free, path, others)
+        trusted(free, path, others, 0.5)
     assert str(refused.value) == (
         f"calibration cannot be trusted, so {path} was not written: a target call fitted to "
         f"cost nothing, as its timings varied more than it costs ({cause}); run it again on "
